@@ -1,0 +1,17 @@
+"""harness: a fork-and-join, multi-process, multi-GPU training harness for PyTorch.
+
+The parent forks child workers and talks to them over ZeroMQ (cloudpickle, HMAC-signed frames);
+children keep their model replicas in step with NCCL (or gloo on CPU) collectives.
+"""
+from .parent import ChildError, ChildFailed, Children, Parent
+
+__all__ = ["Parent", "Children", "ChildError", "ChildFailed", "Context", "PeerFailed"]
+
+
+def __getattr__(name: str):
+    # harness.child is also the children's entry point (python -m harness.child): importing it
+    # here eagerly would make runpy warn in every child.
+    if name in ("Context", "PeerFailed"):
+        from . import child
+        return getattr(child, name)
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -1,0 +1,183 @@
+"""A child worker: ``python -m harness.child``, started by ``harness.parent``.
+
+The parent hands over everything through the environment (never argv, which ``ps`` shows):
+the ZeroMQ endpoint, the run's signing key, the rank, the world size and its ``sys.path``.
+The child then serves: it waits for ``exec`` messages, runs each shipped function as
+``fn(ctx, *args, **kwargs)`` and reports the return value or the exception's traceback.
+
+Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
+("exchange", tag, values), ("abort", id, reason), ("stop", None, None).
+Child -> parent: ("hello", None, pid), ("heartbeat", None, None), ("print", id, text),
+("yield", id, value), ("data", id, obj), ("exchange", tag, value), ("result", id, value),
+("error", id, traceback_text).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+HEARTBEAT_INTERVAL = 1.0
+
+
+class PeerFailed(RuntimeError):
+    """Raised in a child when another child of its group failed, so it cannot be waiting forever."""
+
+
+class Context:
+    """A child's side of the API: ``rank``, ``world_size``, ``device``, ``yield_``, ``receive``,
+    ``send``, ``print``, and ``communicator`` for collectives."""
+
+    def __init__(self, rank: int, world_size: int, gpu: str | None, link_factory: Callable[["Context"], Any]):
+        self.rank = rank
+        self.world_size = world_size
+        self.gpu = gpu                      # the physical GPU id this child is pinned to, or None
+        self._inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("exec", "data", "join")}
+        self._exchanges: dict[str, list] = {}
+        self._abort_hooks: list[Callable[[str], None]] = []
+        self._exec_id: int | None = None
+        self._aborted: str | None = None
+        self._stopping = False
+        self._last_heartbeat = 0.0
+        self._parent_pid = int(os.environ.get("HARNESS_PARENT_PID", os.getppid()))
+        self._link = link_factory(self)
+
+    @property
+    def device(self):
+        """``cuda:0`` for a GPU child (it sees only its own GPU), ``cpu`` otherwise."""
+        import torch
+        return torch.device("cuda", 0) if self.gpu is not None else torch.device("cpu")
+
+    def yield_(self, value: Any = None) -> Any:
+        """Hand ``value`` to the parent and block until it joins; returns the join message."""
+        self._post("yield", value)
+        return self._next("join")
+
+    def receive(self) -> Any:
+        """The next object the parent sent to this child."""
+        return self._next("data")
+
+    def send(self, obj: Any) -> None:
+        """Send ``obj`` to the parent; returns once its buffers have left this process."""
+        self._post("data", obj)
+
+    def print(self, *args: Any, sep: str = " ") -> None:
+        """Printed by the parent, prefixed with this child's rank."""
+        self._post("print", sep.join(str(a) for a in args))
+
+    def exchange(self, tag: str, value: Any) -> list:
+        """All-gather through the parent: every child calls it with the same tag; returns the values
+        in rank order. Collectives use it to hand out the NCCL unique id and gloo's address."""
+        self._link.send(("exchange", tag, value))
+        return self._link.wait_for(lambda: self._check_abort() or self._exchanges.pop(tag, None))
+
+    def on_abort(self, hook: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``hook(reason)`` (from the housekeeping thread) when a peer fails; returns a remover."""
+        self._abort_hooks.append(hook)
+        return lambda: self._abort_hooks.remove(hook) if hook in self._abort_hooks else None
+
+    def communicator(self, backend: str | None = None, **options: Any):
+        """Collective call on every child: a communicator over all ranks ("nccl" on GPU children,
+        "gloo" on CPU children unless ``backend`` says otherwise)."""
+        from .comm import open_communicator
+        return open_communicator(self, backend, **options)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _post(self, kind: str, payload: Any) -> None:
+        tracker = self._link.send((kind, self._exec_id, payload))
+        if tracker is not None:
+            tracker.wait()    # the caller may reuse the object's memory once this returns
+
+    def _check_abort(self) -> None:
+        if self._aborted is not None:
+            raise PeerFailed(self._aborted)
+
+    def _next(self, kind: str) -> Any:
+        box = self._inbox[kind]
+
+        def ready():
+            self._check_abort()
+            return (box.popleft(),) if box else None
+        return self._link.wait_for(ready)[0]
+
+    def dispatch(self, _sender: bytes | None, message: tuple) -> None:
+        kind, ident, payload = message
+        if kind == "exchange":
+            self._exchanges[ident] = payload
+        elif kind == "abort":
+            if ident == self._exec_id and self._aborted is None:
+                self._aborted = payload
+                for hook in list(self._abort_hooks):
+                    hook(payload)
+        elif kind == "stop":
+            self._stopping = True
+        else:
+            self._inbox[kind].append((ident, payload) if kind == "exec" else payload)
+
+    def housekeeping(self) -> None:
+        if os.getppid() != self._parent_pid:
+            os._exit(1)   # the parent is gone: nobody will ever stop us, and our GPU must be freed
+        now = time.monotonic()
+        if now - self._last_heartbeat >= HEARTBEAT_INTERVAL:
+            self._last_heartbeat = now
+            self._link.send(("heartbeat", None, None))
+
+    # -- the serve loop ------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self._link.send(("hello", None, os.getpid()))
+        self._link.start()
+        while True:
+            work = self._link.wait_for(lambda: "stop" if self._stopping else (
+                self._inbox["exec"].popleft() if self._inbox["exec"] else None))
+            if work == "stop":
+                return
+            self._run(*work)
+
+    def _run(self, exec_id: int, call: tuple) -> None:
+        fn, args, kwargs = call
+        self._exec_id, self._aborted = exec_id, None
+        try:
+            outcome = ("result", fn(self, *args, **kwargs))
+        except BaseException:
+            outcome = ("error", traceback.format_exc())
+        try:
+            self._link.send((outcome[0], exec_id, outcome[1]))
+        except Exception:
+            self._link.send(("error", exec_id, "the return value could not be sent back:\n" + traceback.format_exc()))
+        finally:
+            self._abort_hooks.clear()
+
+
+def _connect(ctx: Context, endpoint: str, key: bytes):
+    import zmq
+    from .link import Link
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.IDENTITY, str(ctx.rank).encode())
+    socket.setsockopt(zmq.LINGER, 10_000)
+    socket.connect(endpoint)
+    return Link(socket, key, ctx.dispatch, ctx.housekeeping)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group: the parent stops us
+    env = os.environ
+    sys.path[:] = json.loads(env.pop("HARNESS_SYS_PATH", "[]")) or sys.path
+    key = bytes.fromhex(env.pop("HARNESS_KEY"))
+    endpoint = env.pop("HARNESS_ENDPOINT")
+    ctx = Context(int(env["HARNESS_RANK"]), int(env["HARNESS_WORLD_SIZE"]), env.get("HARNESS_GPU") or None,
+                  lambda c: _connect(c, endpoint, key))
+    try:
+        ctx.serve()
+    finally:
+        ctx._link.close(linger_ms=10_000)
+
+
+if __name__ == "__main__":
+    main()

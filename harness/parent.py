@@ -1,0 +1,367 @@
+"""The parent: forks child workers and talks to them. It never touches CUDA; it supervises.
+
+``Parent`` owns the run (its signing key and private socket directory); ``Parent.fork`` starts a
+group of ``Children`` as fresh interpreters (``python -m harness.child``) and returns at once
+after they have connected. The group's API reads like Lua's ``parallel``: exec, join, send,
+scatter, receive, wait. Every blocking call also watches the children: a child that exits or
+stops sending heartbeats ends the call with ``ChildFailed`` in seconds, after the others have
+been told to abort and have been stopped. Nothing hangs and nothing is left running.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import zmq
+
+from . import placement, wire
+from .link import Link
+
+log = logging.getLogger("harness")
+
+START_TIMEOUT = 60.0       # seconds for a child to start its interpreter and connect
+STOP_GRACE = 5.0           # seconds a stopped child gets to exit on its own before SIGKILL
+STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFailed
+
+
+class ChildError(RuntimeError):
+    """An exception raised by the code a child ran; carries the rank and the child's traceback."""
+
+    def __init__(self, rank: int, traceback_text: str):
+        self.rank, self.traceback = rank, traceback_text
+        last = traceback_text.strip().splitlines()[-1] if traceback_text.strip() else "unknown error"
+        super().__init__(f"child {rank} raised {last}\n--- child {rank} traceback ---\n{traceback_text.rstrip()}")
+
+
+class ChildFailed(RuntimeError):
+    """A child died or stopped responding; the rest of its group has been stopped."""
+
+    def __init__(self, rank: int, reason: str, stderr_tail: Sequence[str] = ()):
+        self.rank, self.reason, self.stderr_tail = rank, reason, list(stderr_tail)
+        tail = "".join(f"\n  | {line}" for line in self.stderr_tail) or "\n  (no stderr output)"
+        super().__init__(f"child {rank} {reason}; last lines of its stderr:{tail}")
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class _Child:
+    """Bookkeeping for one child process."""
+
+    def __init__(self, rank: int, process: subprocess.Popen):
+        self.rank = rank
+        self.process = process
+        self.pid = process.pid
+        self.connected = False
+        self.last_seen = time.monotonic()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self.inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("yield", "data")}
+        self.outcome: tuple[int, str, Any] | None = None    # (exec id, "result" | "error", value)
+        self.reader = threading.Thread(target=self._forward_stderr, name=f"harness-stderr-{rank}", daemon=True)
+        self.reader.start()
+
+    def _forward_stderr(self) -> None:
+        for raw in iter(self.process.stderr.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.stderr_tail.append(line)
+            sys.stderr.write(f"[{self.rank}] {line}\n")
+        self.process.stderr.close()
+
+
+class ChildHandle:
+    """One child of a group: ``kids[1].send(x)``, ``kids[1].receive()``."""
+
+    def __init__(self, group: "Children", rank: int):
+        self._group, self.rank = group, rank
+
+    @property
+    def pid(self) -> int:
+        return self._group._children[self.rank].pid
+
+    def send(self, obj: Any) -> None:
+        self._group._send_all([(self.rank, obj)])
+
+    def receive(self) -> Any:
+        return self._group._take("data", [self.rank])[0]
+
+
+class Children:
+    """A group of child workers, ranks 0..n-1. Made by ``Parent.fork``."""
+
+    def __init__(self, n: int, key: bytes, endpoint: str, socket: zmq.Socket, environments: list[dict[str, str]],
+                 heartbeat_timeout: float):
+        self._key = key
+        self._heartbeat_timeout = heartbeat_timeout
+        self._exec_ids = itertools.count(1)
+        self._exec_id = 0
+        self._exchanges: dict[str, dict[int, Any]] = {}
+        self._failure: ChildFailed | None = None
+        self._stopping = False
+        self._children: list[_Child] = []
+        self._link = Link(socket, key, self._dispatch, self._housekeeping)
+        for rank, env in enumerate(environments):
+            process = subprocess.Popen([sys.executable, "-m", "harness.child"], env=env,
+                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._children.append(_Child(rank, process))
+        self._link.start()
+        self._await_connections()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __getitem__(self, rank: int) -> ChildHandle:
+        if not 0 <= rank < len(self):
+            raise IndexError(f"rank {rank} out of range: this group has ranks 0..{len(self) - 1}")
+        return ChildHandle(self, rank)
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in self._children]
+
+    def exec(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once."""
+        self._raise_if_failed()
+        self._exec_id = next(self._exec_ids)
+        for child in self._children:
+            child.outcome = None
+        self._send_all([(c.rank, ("exec", self._exec_id, (fn, args, kwargs))) for c in self._children], raw=True)
+
+    def join(self, msg: Any = None) -> list:
+        """Wait until every child has called ``ctx.yield_``; hand each ``msg``; return the yielded values."""
+        values = self._take("yield")
+        self._send_all([(c.rank, ("join", self._exec_id, msg)) for c in self._children], raw=True)
+        return values
+
+    def send(self, obj: Any) -> None:
+        """Send the same object to every child."""
+        self._send_all([(c.rank, obj) for c in self._children])
+
+    def scatter(self, objs: Sequence[Any]) -> None:
+        """Send ``objs[r]`` to child r."""
+        if len(objs) != len(self):
+            raise ValueError(f"scatter needs one object per child: got {len(objs)} for {len(self)} children")
+        self._send_all(list(enumerate(objs)))
+
+    def receive(self) -> list:
+        """The next object each child sent, in rank order."""
+        return self._take("data")
+
+    def wait(self) -> list:
+        """Wait for the function of the last ``exec`` to return in every child; its values in rank order."""
+        if self._exec_id == 0:
+            raise RuntimeError("wait() called before exec(): nothing is running")
+        self._link.wait_for(lambda: self._check() or (all(c.outcome for c in self._children) or None))
+        return [c.outcome[2] for c in self._children]
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop every child (asking first, then SIGKILL after ``grace`` s), reap them, close the socket."""
+        if self._stopping and all(c.process.returncode is not None for c in self._children):
+            return
+        self._stopping = True
+        for child in self._children:
+            if child.process.poll() is None and child.connected:
+                try:
+                    self._link.send(("stop", None, None), to=_identity(child.rank))
+                except zmq.ZMQError:
+                    pass
+        deadline = time.monotonic() + grace
+        for child in self._children:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+            child.reader.join(timeout=2.0)
+        self._link.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _send_all(self, items: Iterable[tuple[int, Any]], raw: bool = False) -> None:
+        """Send each (rank, object); ``raw`` objects are already protocol messages. Returns once every
+        zero-copy buffer has left this process, so the caller may reuse the objects' memory."""
+        self._raise_if_failed()
+        trackers = []
+        for rank, obj in items:
+            message = obj if raw else ("data", self._exec_id, obj)
+            trackers.append(self._link.send(message, to=_identity(rank)))
+        for tracker in filter(None, trackers):
+            self._link.wait_for(lambda: self._check() or (tracker.done or None))
+
+    def _take(self, box: str, ranks: Sequence[int] | None = None) -> list:
+        children = [self._children[r] for r in ranks] if ranks is not None else self._children
+        self._link.wait_for(lambda: self._check() or (all(c.inbox[box] for c in children) or None))
+        return [c.inbox[box].popleft() for c in children]
+
+    def _check(self) -> None:
+        """Raise what went wrong: a dead child first (the group is then stopped), else a child's error."""
+        self._raise_if_failed()
+        for child in self._children:
+            if child.outcome and child.outcome[0] == self._exec_id and child.outcome[1] == "error":
+                _, _, text = child.outcome
+                child.outcome = (self._exec_id, "reported", None)
+                raise ChildError(child.rank, text)
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            self.stop(grace=1.0)
+            raise self._failure
+
+    def _dispatch(self, sender: bytes | None, message: tuple) -> None:
+        rank = _rank_of(sender, len(self._children))
+        if rank is None:
+            log.warning("dropped a message from unknown peer %r", sender)
+            return
+        child = self._children[rank]
+        child.last_seen = time.monotonic()
+        kind, ident, payload = message
+        if kind == "hello":
+            child.connected = True
+        elif kind == "print":
+            print(f"[{rank}] {payload}", flush=True)
+        elif kind in ("yield", "data"):
+            child.inbox[kind].append(payload)
+        elif kind in ("result", "error") and ident == self._exec_id:     # late outcomes of older execs are moot
+            child.outcome = (ident, kind, payload)
+            if kind == "error":
+                self._abort_others(rank, f"child {rank} raised an exception")
+        elif kind == "exchange":
+            self._exchange(rank, ident, payload)
+
+    def _exchange(self, rank: int, tag: str, value: Any) -> None:
+        values = self._exchanges.setdefault(tag, {})
+        values[rank] = value
+        if len(values) == len(self._children):
+            del self._exchanges[tag]
+            gathered = [values[r] for r in range(len(self._children))]
+            for child in self._children:
+                self._link.send(("exchange", tag, gathered), to=_identity(child.rank))
+
+    def _abort_others(self, rank: int, reason: str) -> None:
+        for child in self._children:
+            if child.rank != rank and child.process.poll() is None and child.connected:
+                self._link.send(("abort", self._exec_id, reason), to=_identity(child.rank))
+
+    def _housekeeping(self) -> None:
+        if self._stopping or self._failure is not None:
+            return
+        now = time.monotonic()
+        for child in self._children:
+            returncode = child.process.poll()
+            if returncode is not None:
+                child.reader.join(timeout=1.0)        # let the last stderr lines arrive
+                self._fail(child, _describe_exit(returncode))
+                return
+            silent = now - child.last_seen
+            if child.connected and silent > self._heartbeat_timeout:
+                child.process.kill()
+                self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)")
+                return
+
+    def _fail(self, child: _Child, reason: str) -> None:
+        self._failure = ChildFailed(child.rank, reason, child.stderr_tail)
+        self._abort_others(child.rank, f"child {child.rank} {reason}")
+
+    def _await_connections(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        done = self._link.wait_for(lambda: self._check() or (all(c.connected for c in self._children) or None),
+                                   deadline)
+        if done is None:
+            late = [c.rank for c in self._children if not c.connected]
+            self.stop(grace=1.0)
+            raise ChildFailed(late[0], f"did not connect within {START_TIMEOUT:.0f} s (ranks {late})")
+
+
+def _identity(rank: int) -> bytes:
+    return str(rank).encode()
+
+
+def _rank_of(identity: bytes | None, n: int) -> int | None:
+    try:
+        rank = int(identity)
+    except (TypeError, ValueError):
+        return None
+    return rank if 0 <= rank < n else None
+
+
+class Parent:
+    """Owns a run: its signing key, its private socket directory, and every group it forked.
+
+    ``with Parent() as parent:`` guarantees that on exit every child is stopped and reaped."""
+
+    def __init__(self, heartbeat_timeout: float = 30.0):
+        if heartbeat_timeout <= 0:
+            raise ValueError(f"heartbeat_timeout={heartbeat_timeout}: must be a positive number of seconds")
+        self.heartbeat_timeout = heartbeat_timeout
+        self._key = wire.new_key()
+        self._dir = Path(tempfile.mkdtemp(prefix="harness-"))     # mode 0700: other users cannot connect
+        self._context = zmq.Context.instance()
+        self._groups: list[Children] = []
+        self._count = itertools.count()
+
+    def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None) -> Children:
+        """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"fork(n={n!r}): n must be a positive integer")
+        assigned = placement.assign(n, placement.resolve_gpus(gpus))
+        endpoint = f"ipc://{self._dir}/group-{next(self._count)}"
+        socket = self._context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(endpoint)
+        threads = max(1, (os.cpu_count() or 1) // n)
+        environments = [self._environment(rank, n, gpu, endpoint, threads, env) for rank, gpu in enumerate(assigned)]
+        group = Children(n, self._key, endpoint, socket, environments, self.heartbeat_timeout)
+        self._groups.append(group)
+        return group
+
+    def _environment(self, rank: int, n: int, gpu: int | None, endpoint: str, threads: int,
+                     extra: Mapping[str, str] | None) -> dict[str, str]:
+        harness_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env.update(placement.child_environment(gpu, threads))
+        env.update(extra or {})
+        env.update({
+            "HARNESS_ENDPOINT": endpoint,
+            "HARNESS_KEY": self._key.hex(),
+            "HARNESS_RANK": str(rank),
+            "HARNESS_WORLD_SIZE": str(n),
+            "HARNESS_GPU": env["CUDA_VISIBLE_DEVICES"] if gpu is not None else "",
+            "HARNESS_PARENT_PID": str(os.getpid()),
+            "HARNESS_SYS_PATH": json.dumps([p or os.getcwd() for p in sys.path]),
+            "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")])),
+        })
+        return env
+
+    def close(self) -> None:
+        """Stop every child of every group and remove the socket directory."""
+        try:
+            for group in self._groups:
+                group.stop()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "Parent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,90 @@
+"""Which child gets which GPU, decided without touching CUDA in the parent.
+
+The parent only supervises: it must not create a CUDA context, so GPUs are counted through
+NVML (the driver's management library, loaded with ctypes) and CUDA_VISIBLE_DEVICES. Each child
+is then started with CUDA_VISIBLE_DEVICES naming one GPU, so it sees that GPU as cuda:0.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Sequence, Union
+
+GpuSpec = Union[None, str, Sequence[int]]
+
+
+def _visible_devices() -> list[str] | None:
+    """The entries of CUDA_VISIBLE_DEVICES up to the first invalid one (as CUDA reads it), or None."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break
+        entries.append(item)
+    return entries
+
+
+def _nvml_count() -> int:
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_uint(0)
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        return count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+    finally:
+        nvml.nvmlShutdown()
+
+
+def visible_gpus() -> list[str]:
+    """Identifiers (as CUDA_VISIBLE_DEVICES takes them) of the GPUs this process may use."""
+    visible = _visible_devices()
+    if visible is not None:
+        return visible
+    return [str(i) for i in range(_nvml_count())]
+
+
+def resolve_gpus(gpus: GpuSpec) -> list[int]:
+    """Turn None, "all", "0,1" or [0, 1] into a list of visible GPU indices; ValueError if absent."""
+    if gpus is None:
+        return []
+    available = visible_gpus()
+    if isinstance(gpus, str):
+        if gpus.strip().lower() == "all":
+            if not available:
+                raise ValueError("gpus='all' but no GPU was found; run on CPU workers (gpus=None)")
+            return list(range(len(available)))
+        try:
+            gpus = [int(g) for g in gpus.split(",") if g.strip()]
+        except ValueError:
+            raise ValueError(f"gpus={gpus!r}: expected 'all' or comma-separated GPU indices like '0,1'") from None
+    indices = list(gpus)
+    if not indices:
+        raise ValueError("gpus is empty; pass None for CPU workers or at least one GPU index")
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"gpus={indices} names a GPU twice; list each GPU once")
+    for index in indices:
+        if not isinstance(index, int) or not 0 <= index < len(available):
+            raise ValueError(f"GPU {index!r} requested but {len(available)} GPU(s) found"
+                             f"{' (indices 0..' + str(len(available) - 1) + ')' if available else ''}")
+    return indices
+
+
+def assign(n: int, gpus: Sequence[int]) -> list[int | None]:
+    """Spread n children over gpus in contiguous blocks: 4 children on [0, 1] -> [0, 0, 1, 1]."""
+    if not gpus:
+        return [None] * n
+    return [gpus[rank * len(gpus) // n] for rank in range(n)] if n >= len(gpus) else list(gpus[:n])
+
+
+def child_environment(gpu: int | None, threads: int) -> dict[str, str]:
+    """Environment entries that pin one child: its GPU (or none) and its CPU thread count."""
+    env = {"CUDA_VISIBLE_DEVICES": visible_gpus()[gpu] if gpu is not None else ""}
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env

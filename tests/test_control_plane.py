@@ -1,0 +1,137 @@
+"""The fork/exec/join/send/receive API on CPU children, sharing one group across tests."""
+import numpy as np
+import pytest
+import torch
+
+from harness import ChildError, Parent
+
+
+def work(ctx, scale):
+    msg = ctx.yield_(ctx.rank)
+    arr = ctx.receive()
+    ctx.send(arr * scale)
+    ctx.print("done", msg)
+    return ctx.rank
+
+
+@pytest.fixture(scope="module")
+def kids():
+    with Parent() as parent:
+        yield parent.fork(3)
+
+
+def test_issue_example(kids, capfd):
+    kids.exec(work, 2.0)
+    ranks = kids.join("go")
+    assert ranks == [0, 1, 2]
+    kids.scatter([np.full(4, r) for r in ranks])
+    replies = kids.receive()
+    for r, reply in enumerate(replies):
+        np.testing.assert_array_equal(reply, np.full(4, r) * 2.0)
+    assert kids.wait() == [0, 1, 2]
+    out = capfd.readouterr().out
+    for r in range(3):
+        assert f"[{r}] done go" in out
+
+
+def test_context_fields(kids):
+    kids.exec(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.gpu))
+    assert kids.wait() == [(r, 3, "cpu", None) for r in range(3)]
+
+
+def test_yield_join_loop_until_break(kids):
+    def loop(ctx):
+        count = 0
+        while ctx.yield_(count) != "break":
+            count += 1
+        return count
+
+    kids.exec(loop)
+    for i in range(5):
+        assert kids.join("again") == [i] * 3
+    kids.join("break")
+    assert kids.wait() == [5, 5, 5]
+
+
+def test_send_to_one_child_and_receive_from_one(kids):
+    kids.exec(lambda ctx: ctx.send(ctx.receive() + ctx.rank) if ctx.rank == 1 else None)
+    kids[1].send(41)
+    assert kids[1].receive() == 42
+    assert kids.wait() == [None, None, None]
+
+
+def test_send_same_object_to_all_and_closures_travel(kids):
+    offset = 7
+    kids.exec(lambda ctx: ctx.send(ctx.receive()(ctx.rank)))
+    kids.send(lambda r: r * 100 + offset)
+    assert kids.receive() == [7, 107, 207]
+    kids.wait()
+
+
+def test_tensors_travel_with_dtype_shape_and_grad(kids):
+    def echo(ctx):
+        ctx.send(ctx.receive())
+
+    tensors = [torch.randn(3, 5, dtype=torch.bfloat16), torch.arange(10, dtype=torch.int64).reshape(2, 5),
+               torch.randn(200, 300, requires_grad=True), torch.zeros(0, 4), torch.tensor(2.5)]
+    kids.exec(echo)
+    kids.scatter(tensors[:3])
+    back = kids.receive()
+    kids.wait()
+    for sent, got in zip(tensors, back):
+        assert got.dtype == sent.dtype and got.shape == sent.shape and got.requires_grad == sent.requires_grad
+        assert torch.equal(got.detach(), sent.detach())
+    kids.exec(echo)
+    kids.scatter([tensors[3], tensors[4], torch.randn(4, 4)[:, 1]])   # empty, 0-d, non-contiguous
+    back = kids.receive()
+    kids.wait()
+    assert back[0].shape == (0, 4) and back[1].item() == 2.5 and back[2].is_contiguous()
+
+
+def test_child_exception_surfaces_with_rank_and_traceback(kids):
+    def fail_on_two(ctx):
+        if ctx.rank == 2:
+            raise KeyError("missing-thing")
+        return "ok"
+
+    kids.exec(fail_on_two)
+    with pytest.raises(ChildError) as info:
+        kids.wait()
+    assert info.value.rank == 2
+    assert "KeyError: 'missing-thing'" in info.value.traceback
+    assert "fail_on_two" in info.value.traceback
+    kids.exec(lambda ctx: "still usable")       # the group survives a child's exception
+    assert kids.wait() == ["still usable"] * 3
+
+
+def test_exception_surfaces_in_join_while_others_wait(kids):
+    def yield_or_fail(ctx):
+        if ctx.rank == 0:
+            raise RuntimeError("boom")
+        return ctx.yield_()
+
+    kids.exec(yield_or_fail)
+    with pytest.raises(ChildError, match="boom"):
+        kids.join()
+
+
+def test_large_array_round_trip_is_bit_identical(kids):
+    arr = np.random.default_rng().integers(0, 2**63, size=512 * 2**20 // 8, dtype=np.uint64)
+    kids.exec(lambda ctx: ctx.send(ctx.receive()) if ctx.rank == 0 else None)
+    kids[0].send(arr)
+    back = kids[0].receive()
+    kids.wait()
+    assert back.dtype == arr.dtype and back.shape == arr.shape
+    assert np.array_equal(back, arr)
+
+
+def test_usage_errors(kids):
+    with pytest.raises(ValueError, match="one object per child"):
+        kids.scatter([1, 2])
+    with pytest.raises(IndexError, match="ranks 0..2"):
+        kids[3]
+    with Parent() as parent:
+        with pytest.raises(ValueError, match="positive integer"):
+            parent.fork(0)
+        with pytest.raises(RuntimeError, match="before exec"):
+            parent.fork(1).wait()

@@ -1,0 +1,136 @@
+"""Nothing hangs, nothing is left behind: real processes, real signals, CPU children."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import alive, kill_quietly, wait_gone
+from harness import ChildFailed, Parent
+
+
+def _block_forever(ctx):
+    ctx.yield_()
+    ctx.receive()
+
+
+@pytest.mark.parametrize("blocked_in", ["join", "receive", "wait"])
+def test_sigkilled_child_raises_childfailed_quickly_and_stops_the_rest(blocked_in):
+    def busy(ctx):
+        if blocked_in == "join":
+            ctx.yield_()
+        elif blocked_in == "receive":
+            ctx.send("first")
+            import time
+            time.sleep(600)
+        else:
+            import time
+            time.sleep(600)
+
+    with Parent() as parent:
+        kids = parent.fork(3)
+        kids.exec(busy)
+        pids = kids.pids
+        if blocked_in == "receive":
+            kids.receive()
+        victim = pids[1]
+        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(ChildFailed) as info:
+            getattr(kids, blocked_in)()
+        assert time.monotonic() - start < 10
+        assert info.value.rank == 1
+        assert "SIGKILL" in str(info.value)
+        assert wait_gone(pids, 5) == []       # the others were stopped too
+
+
+def test_dead_child_reports_exit_status_and_stderr_tail():
+    def crash(ctx):
+        import os
+        import sys
+        if ctx.rank == 0:
+            print("about to go down: disk on fire", file=sys.stderr, flush=True)
+            os._exit(3)
+        ctx.yield_()
+
+    with Parent() as parent:
+        kids = parent.fork(2)
+        kids.exec(crash)
+        with pytest.raises(ChildFailed) as info:
+            kids.join()
+    assert info.value.rank == 0
+    assert "exited with status 3" in str(info.value)
+    assert any("disk on fire" in line for line in info.value.stderr_tail)
+
+
+def test_frozen_child_is_detected_by_missing_heartbeats():
+    with Parent(heartbeat_timeout=3.0) as parent:
+        kids = parent.fork(2)
+        kids.exec(_block_forever)
+        pids = kids.pids
+        os.kill(pids[0], signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            with pytest.raises(ChildFailed, match="stopped responding") as info:
+                kids.join()
+        finally:
+            kill_quietly(pids[0], signal.SIGCONT)
+        assert 2.5 < time.monotonic() - start < 10
+        assert info.value.rank == 0
+    assert wait_gone(pids, 5) == []
+
+
+def test_children_exit_when_the_parent_is_killed(tmp_path):
+    script = textwrap.dedent("""
+        import sys, time
+        from harness import Parent
+        parent = Parent()
+        kids = parent.fork(2)
+        kids.exec(lambda ctx: ctx.yield_())
+        print(*kids.pids, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        proc.kill()
+        proc.wait()
+        assert wait_gone(pids, 10) == []
+    finally:
+        proc.kill()
+
+
+def test_no_child_remains_after_with_block_exits_normally_or_by_exception():
+    with Parent() as parent:
+        kids = parent.fork(2)
+        kids.exec(_block_forever)          # still busy when the block ends
+        busy_pids = kids.pids
+    assert wait_gone(busy_pids, 0.1) == []
+
+    with pytest.raises(ZeroDivisionError):
+        with Parent() as parent:
+            kids = parent.fork(2)
+            kids.exec(_block_forever)
+            pids = kids.pids
+            1 / 0
+    assert wait_gone(pids, 0.1) == []
+
+
+def test_unresponsive_child_is_killed_on_exit():
+    def ignore_stop(ctx):
+        import time
+        while True:
+            time.sleep(1)      # never returns to the serve loop, so never honours "stop"
+
+    start = time.monotonic()
+    with Parent() as parent:
+        kids = parent.fork(1)
+        kids.exec(ignore_stop)
+        pids = kids.pids
+    assert wait_gone(pids, 0.1) == []
+    assert time.monotonic() - start < 15

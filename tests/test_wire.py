@@ -1,0 +1,43 @@
+"""Framing: out-of-band buffers are the object's own memory; signatures guard unpickling."""
+import numpy as np
+import pytest
+import torch
+
+from harness import wire
+
+
+def _address(buffer) -> int:
+    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+
+
+def test_large_arrays_and_tensors_go_out_of_band_without_copy():
+    arr = np.random.rand(1 << 20)
+    frames = wire.dumps(arr)
+    assert len(frames) == 2 and _address(frames[1]) == arr.ctypes.data
+    tensor = torch.randn(1 << 18)
+    frames = wire.dumps(tensor)
+    assert len(frames) == 2 and _address(frames[1]) == tensor.data_ptr()
+
+
+def test_small_buffers_stay_in_band():
+    assert len(wire.dumps(np.arange(10))) == 1
+
+
+@pytest.mark.parametrize("size", [10, wire.PARALLEL_MIN + 12345])
+def test_any_flipped_bit_fails_the_check(size):
+    key = wire.new_key()
+    frames = [bytearray(f) for f in wire.pack(key, np.ones(size, dtype=np.uint8))]
+    assert (wire.unpack(key, frames) == 1).all()
+    frames[-1][size // 2] ^= 1
+    with pytest.raises(wire.BadSignature):
+        wire.unpack(key, frames)
+
+
+def test_wrong_key_and_moved_frame_boundaries_fail():
+    key = wire.new_key()
+    sig, header, *bufs = wire.pack(key, {"a": np.ones(1 << 17)})
+    with pytest.raises(wire.BadSignature):
+        wire.unpack(wire.new_key(), [sig, header, *bufs])
+    joined = bytes(header) + bytes(bufs[0])
+    with pytest.raises(wire.BadSignature):
+        wire.unpack(key, [sig, joined[:10], joined[10:]])
