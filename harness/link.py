@@ -22,6 +22,7 @@ T = TypeVar("T")
 log = logging.getLogger("harness")
 
 TICK = 0.1   # seconds between housekeeping passes, and the longest a blocked wait sleeps in poll
+_SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)       # a plain int: pyzmq's flag enums cost microseconds per frame
 
 
 class Link:
@@ -33,6 +34,9 @@ class Link:
         self._dispatch = dispatch
         self._housekeeping = housekeeping
         self._router = socket.type == zmq.ROUTER
+        self._poller = zmq.Poller()
+        self._poller.register(socket, zmq.POLLIN)
+        self._last_housekeeping = 0.0
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._housekeeper, name="harness-link", daemon=True)
 
@@ -44,26 +48,31 @@ class Link:
 
         Signing happens outside the lock so a large message does not stall the other thread."""
         frames = wire.pack(self.key, obj)
-        zero_copy = len(frames) > 2          # [signature, header, *out-of-band buffers]
+        zero_copy = len(frames) > 1          # [signature + header, *out-of-band buffers]
         if to is not None:
             frames.insert(0, to)
         with self.lock:
             if not zero_copy:
-                self.socket.send_multipart(frames)
+                for frame in frames[:-1]:
+                    self.socket.send(frame, _SNDMORE)
+                self.socket.send(frames[-1])
                 return None
             return self.socket.send_multipart(frames, copy=False, track=True)
 
     def pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for messages, dispatch all that are waiting, then housekeep."""
         with self.lock:
-            if self.socket.poll(int(timeout * 1000)):
+            if self._poller.poll(int(timeout * 1000)):
                 while True:
                     try:
-                        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = self.socket.recv_multipart(_NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     self._receive(frames)
-            self._housekeeping()
+            now = time.monotonic()
+            if now - self._last_housekeeping >= TICK / 2:
+                self._last_housekeeping = now
+                self._housekeeping()
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
         sender = frames[0].bytes if self._router else None

@@ -33,8 +33,8 @@ def test_rogue_peer_pickle_is_dropped_and_run_goes_on(tmp_path, caplog):
             rogues.append(rogue)
         with caplog.at_level(logging.WARNING, logger="harness"):
             for rogue in rogues:
-                rogue.send_multipart([b"\0" * 32, payload])      # a forged signature
-                rogue.send_multipart([payload])                  # no signature at all
+                rogue.send(b"\0" * 32 + payload)                  # a forged signature
+                rogue.send(payload)                              # no signature at all
             time.sleep(0.5)
             assert kids.join("go") == [0, 1]
             assert kids.wait() == ["go", "go"]
