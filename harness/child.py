@@ -40,6 +40,7 @@ class Context:
         self._inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("exec", "data", "join")}
         self._exchanges: dict[str, list] = {}
         self._abort_hooks: list[Callable[[str], None]] = []
+        self._owned: list[Any] = []          # closed when the current function returns
         self._exec_id: int | None = None
         self._aborted: str | None = None
         self._stopping = False
@@ -80,6 +81,10 @@ class Context:
         """Call ``hook(reason)`` (from the housekeeping thread) when a peer fails; returns a remover."""
         self._abort_hooks.append(hook)
         return lambda: self._abort_hooks.remove(hook) if hook in self._abort_hooks else None
+
+    def own(self, resource: Any) -> None:
+        """Close ``resource`` (anything with ``close()``) when the current function returns."""
+        self._owned.append(resource)
 
     def communicator(self, backend: str | None = None, **options: Any):
         """Collective call on every child: a communicator over all ranks ("nccl" on GPU children,
@@ -147,12 +152,19 @@ class Context:
             outcome = ("result", fn(self, *args, **kwargs))
         except BaseException:
             outcome = ("error", traceback.format_exc())
+        self._release()
         try:
             self._link.send((outcome[0], exec_id, outcome[1]))
         except Exception:
             self._link.send(("error", exec_id, "the return value could not be sent back:\n" + traceback.format_exc()))
-        finally:
-            self._abort_hooks.clear()
+
+    def _release(self) -> None:
+        while self._owned:
+            try:
+                self._owned.pop().close()
+            except Exception:
+                traceback.print_exc()
+        self._abort_hooks.clear()
 
 
 def _connect(ctx: Context, endpoint: str, key: bytes):

@@ -180,10 +180,7 @@ class Children:
         self._stopping = True
         for child in self._children:
             if child.process.poll() is None and child.connected:
-                try:
-                    self._link.send(("stop", None, None), to=_identity(child.rank))
-                except zmq.ZMQError:
-                    pass
+                self._send_if_alive(child, ("stop", None, None))
         deadline = time.monotonic() + grace
         for child in self._children:
             try:
@@ -213,10 +210,14 @@ class Children:
         return [c.inbox[box].popleft() for c in children]
 
     def _check(self) -> None:
-        """Raise what went wrong: a dead child first (the group is then stopped), else a child's error."""
+        """Raise what went wrong: a dead child first (the group is then stopped), else a child's error.
+        Deaths are looked for before errors are reported: when a peer dies mid-collective, the
+        survivors' "connection reset" errors can arrive before the death is noticed."""
         self._raise_if_failed()
         for child in self._children:
             if child.outcome and child.outcome[0] == self._exec_id and child.outcome[1] == "error":
+                self._find_deaths()
+                self._raise_if_failed()
                 _, _, text = child.outcome
                 child.outcome = (self._exec_id, "reported", None)
                 raise ChildError(child.rank, text)
@@ -258,11 +259,22 @@ class Children:
 
     def _abort_others(self, rank: int, reason: str) -> None:
         for child in self._children:
-            if child.rank != rank and child.process.poll() is None and child.connected:
-                self._link.send(("abort", self._exec_id, reason), to=_identity(child.rank))
+            if child.rank != rank and child.connected:
+                self._send_if_alive(child, ("abort", self._exec_id, reason))
+
+    def _send_if_alive(self, child: _Child, message: tuple) -> None:
+        try:
+            self._link.send(message, to=_identity(child.rank))
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EHOSTUNREACH:     # the child is gone: nothing to tell it
+                raise
 
     def _housekeeping(self) -> None:
-        if self._stopping or self._failure is not None:
+        if not self._stopping:
+            self._find_deaths()
+
+    def _find_deaths(self) -> None:
+        if self._failure is not None:
             return
         now = time.monotonic()
         for child in self._children:

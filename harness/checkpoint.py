@@ -1,0 +1,122 @@
+"""Atomic checkpoint files that either load completely or fail with a message naming the file."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint path that cannot be read or written; the message names the path and the problem."""
+
+
+REQUIRED_KEYS = ("model", "optimizer", "epoch", "step", "config")
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
+    """Write state to path so that readers see either the previous file or the complete new one.
+
+    The data goes to a temp file in the same directory (os.replace is only atomic within one file
+    system), is fsynced before the rename so the rename cannot overtake the data, and the directory is
+    fsynced after it so the rename itself survives a power cut. The temp file is removed on any failure.
+    """
+    path = Path(path)
+    _check_state(path, state)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint written by save_checkpoint.
+
+    weights_only=True refuses arbitrary pickled objects, which is why save_checkpoint insists on a
+    plain config.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a file; check the path")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch.load raises many types for garbage, truncation and bad pickles
+        raise CheckpointError(
+            f"checkpoint {path} is not a readable checkpoint (truncated, corrupt or not written by "
+            f"torch.save): {error}"
+        ) from error
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
+    _check_keys(path, state)
+    return state
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail before training starts if a checkpoint could not be saved at path (a file path).
+
+    Creates the directory if needed and writes a probe file, because permission bits lie (root ignores
+    them) and only an actual write proves the directory accepts files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is a directory; give a file path inside it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise CheckpointError(
+            f"checkpoint directory {path.parent} cannot be created or written ({error}); "
+            "choose a writable location"
+        ) from error
+
+
+def _check_state(path: Path, state: dict) -> None:
+    """Reject at save time what load_checkpoint would reject, so a bad checkpoint is never written."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path}: state is a {type(state).__name__}, expected a dict")
+    _check_keys(path, state)
+    _check_plain(path, state["config"], "config")
+
+
+def _check_keys(path: Path, state: dict) -> None:
+    missing = [key for key in REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks required keys {missing}; it needs all of {REQUIRED_KEYS}")
+
+
+def _check_plain(path: Path, value: object, where: str) -> None:
+    # Exact types: subclasses such as numpy.float64, enums or namedtuples are pickled as their own
+    # class, which weights_only=True refuses to load.
+    if type(value) in _PLAIN_SCALARS:
+        return
+    if type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            _check_plain(path, item, f"{where}[{index}]")
+    elif type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise CheckpointError(f"checkpoint {path}: {where} has non-str key {key!r}; use str keys")
+            _check_plain(path, item, f"{where}[{key!r}]")
+    else:
+        raise CheckpointError(
+            f"checkpoint {path}: {where} is a {type(value).__name__}; configs may hold only "
+            "str/int/float/bool/None/list/tuple/dict (convert it, e.g. str(path))"
+        )
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,133 @@
+"""gloo through torch.distributed, for CPU children.
+
+Rank 0 opens a TCPStore on a free loopback port and the port is handed to the other ranks over
+the control plane, as the NCCL unique id is. Gloo cannot average, so "avg" is a sum then a
+division. A gloo collective blocked on a live peer cannot be interrupted (abort() does not close
+its sockets; only the peer's death does), so when the parent reports a failed peer while a
+collective is in flight, this process ends itself after ABORT_GRACE seconds instead of waiting
+out gloo's timeout: the run is already lost, and the parent has already named the cause.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroupGloo, ReduceOp
+
+from .base import Communicator, Work
+
+ABORT_GRACE = 2.0
+_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN,
+        "prod": ReduceOp.PRODUCT}
+_serial = iter(range(1 << 62))
+
+
+class GlooCommunicator(Communicator):
+    backend = "gloo"
+    device_type = "cpu"
+
+    def __init__(self, ctx: Any, timeout: float = 1800.0, host: str = "127.0.0.1"):
+        super().__init__(ctx.rank, ctx.world_size)
+        tag = f"gloo-{next(_serial)}"
+        delta = datetime.timedelta(seconds=timeout)
+        if self.rank == 0:
+            self._store = dist.TCPStore(host, 0, self.size, True, delta, wait_for_workers=False)
+            port = ctx.exchange(tag, self._store.port)[0]
+        else:
+            port = ctx.exchange(tag, None)[0]
+            self._store = dist.TCPStore(host, port, self.size, False, delta)
+        options = ProcessGroupGloo._Options()
+        options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+        options._timeout = delta
+        self._pg = ProcessGroupGloo(self._store, self.rank, self.size, options)
+        self._in_flight = 0
+        self._remove_hook = ctx.on_abort(self.abort)
+
+    def _work(self, work: Any, then=None) -> Work:
+        def wait() -> None:
+            self._in_flight += 1
+            try:
+                work.wait()
+            finally:
+                self._in_flight -= 1
+            self._check_alive()
+            if then is not None:
+                then()
+        return Work(wait)
+
+    def _average(self, op: str, out: torch.Tensor):
+        return (lambda: out.div_(self.size)) if op == "avg" else None
+
+    def _all_reduce(self, t: torch.Tensor, out: torch.Tensor, op: str) -> Work:
+        if out is not t:
+            out.copy_(t)
+        return self._work(self._pg.allreduce([out], _all_reduce_options(op)), self._average(op, out))
+
+    def _broadcast(self, t: torch.Tensor, root: int) -> Work:
+        return self._work(self._pg.broadcast([t], _broadcast_options(root)))
+
+    def _reduce(self, t: torch.Tensor, out: torch.Tensor, op: str, root: int) -> Work:
+        if self.rank == root:
+            buf = out if out is t else out.copy_(t)
+        else:
+            buf = t.clone()        # gloo may use a non-root's buffer as scratch; ours stays unchanged
+        return self._work(self._pg.reduce([buf], _reduce_options(op, root)),
+                          self._average(op, buf) if self.rank == root else None)
+
+    def _all_gather(self, out: torch.Tensor, t: torch.Tensor) -> Work:
+        chunks = list(out.view(self.size, -1).unbind(0))
+        return self._work(self._pg.allgather([chunks], [t.view(-1)]))
+
+    def _reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> Work:
+        # gloo has no reduce-scatter for CPU tensors: all-reduce a copy and keep this rank's chunk.
+        full = t.clone()
+        mine = full.view(self.size, -1)[self.rank]
+
+        def keep() -> None:
+            out.view(-1).copy_(mine)
+            if op == "avg":
+                out.div_(self.size)
+        return self._work(self._pg.allreduce([full], _all_reduce_options(op)), keep)
+
+    def _barrier(self) -> None:
+        self._work(self._pg.barrier()).wait()
+
+    def _abort(self) -> None:
+        if self._in_flight:
+            threading.Timer(ABORT_GRACE, self._end_if_stuck).start()
+
+    def _end_if_stuck(self) -> None:
+        if self._in_flight:
+            sys.stderr.write(f"rank {self.rank}: gloo collective still blocked {ABORT_GRACE:.0f} s after "
+                             f"the run was aborted ({self.aborted}); ending this worker\n")
+            sys.stderr.flush()
+            os._exit(70)
+
+    def _close(self) -> None:
+        self._remove_hook()
+        self._pg = None
+        self._store = None
+
+
+def _all_reduce_options(op: str):
+    options = dist.AllreduceOptions()
+    options.reduceOp = _OPS[op]
+    return options
+
+
+def _reduce_options(op: str, root: int):
+    options = dist.ReduceOptions()
+    options.reduceOp = _OPS[op]
+    options.rootRank = root
+    return options
+
+
+def _broadcast_options(root: int):
+    options = dist.BroadcastOptions()
+    options.rootRank = root
+    return options

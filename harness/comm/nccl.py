@@ -1,0 +1,109 @@
+"""NCCL through cupy.cuda.nccl, directly on torch tensors' memory, on torch's CUDA streams.
+
+No copies and no host round trip: each call hands NCCL ``tensor.data_ptr()`` and the raw handle
+of a torch stream. A synchronous call is enqueued on the current stream (or the one given to the
+communicator), so it is ordered with the model's kernels without any device-wide sync. An
+asynchronous call goes on a side stream that first waits for the current one; its handle's
+``wait()`` makes the then-current stream wait for it, and ``record_stream`` keeps the caching
+allocator from reusing the buffers before NCCL is done with them.
+
+The unique id is made once by rank 0 and handed to the others over the control plane.
+``abort()`` (ncclCommAbort) is safe from another thread: the parent's failure notice calls it
+from the housekeeping thread, so a kernel waiting on a dead peer returns.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import torch
+
+from .base import Communicator, Work
+
+_serial = itertools.count()
+
+
+def _nccl():
+    try:
+        from cupy.cuda import nccl
+    except ImportError as error:
+        raise ImportError("the NCCL backend needs CuPy with NCCL: pip install 'harness[cuda13]' for CUDA 13 "
+                          "or 'harness[cuda12]' for CUDA 12, or use backend='gloo'") from error
+    if not getattr(nccl, "available", True):
+        raise ImportError("CuPy was built without NCCL; install nvidia-nccl-cu12/13 or use backend='gloo'")
+    return nccl
+
+
+class NcclCommunicator(Communicator):
+    backend = "nccl"
+    device_type = "cuda"
+
+    def __init__(self, ctx: Any, stream: torch.cuda.Stream | None = None):
+        super().__init__(ctx.rank, ctx.world_size)
+        nccl = _nccl()
+        # ncclDataType_t and ncclRedOp_t values are fixed by nccl.h; older CuPy lacks some names.
+        self._dtypes = {torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
+                        torch.float64: 8, torch.bfloat16: 9}
+        self._ops = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+        torch.cuda.set_device(ctx.device)
+        uid = ctx.exchange(f"nccl-id-{next(_serial)}", nccl.get_unique_id() if self.rank == 0 else None)[0]
+        self._comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self._stream = stream
+        self._side: torch.cuda.Stream | None = None
+        self._now: int = 0                   # raw handle of the stream the current call goes on
+        self._remove_hook = ctx.on_abort(self.abort)
+
+    def _finish(self, pending: tuple[Callable[[], None], tuple[torch.Tensor, ...]], async_op: bool) -> Work | None:
+        launch, tensors = pending
+        current = self._stream or torch.cuda.current_stream()
+        if not async_op:
+            self._now = current.cuda_stream
+            launch()
+            return None
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        self._side.wait_stream(current)
+        self._now = self._side.cuda_stream
+        launch()
+        for t in tensors:
+            t.record_stream(self._side)
+        done = torch.cuda.Event()
+        done.record(self._side)
+        return Work(lambda: torch.cuda.current_stream().wait_event(done))
+
+    # Each primitive returns (launcher, tensors it touches) for _finish.
+    def _all_reduce(self, t, out, op):
+        return (lambda: self._comm.allReduce(t.data_ptr(), out.data_ptr(), t.numel(), self._dtypes[t.dtype],
+                                             self._ops[op], self._now), (t, out))
+
+    def _broadcast(self, t, root):
+        return (lambda: self._comm.broadcast(t.data_ptr(), t.data_ptr(), t.numel(), self._dtypes[t.dtype],
+                                             root, self._now), (t,))
+
+    def _reduce(self, t, out, op, root):
+        return (lambda: self._comm.reduce(t.data_ptr(), out.data_ptr(), t.numel(), self._dtypes[t.dtype],
+                                          self._ops[op], root, self._now), (t, out))
+
+    def _all_gather(self, out, t):
+        return (lambda: self._comm.allGather(t.data_ptr(), out.data_ptr(), t.numel(), self._dtypes[t.dtype],
+                                             self._now), (t, out))
+
+    def _reduce_scatter(self, out, t, op):
+        return (lambda: self._comm.reduceScatter(t.data_ptr(), out.data_ptr(), out.numel(),
+                                                 self._dtypes[t.dtype], self._ops[op], self._now), (t, out))
+
+    def _barrier(self) -> None:
+        token = torch.zeros(1, device="cuda")
+        self.all_reduce(token)
+        (self._stream or torch.cuda.current_stream()).synchronize()
+        self._check_alive()
+
+    def _abort(self) -> None:
+        self._comm.abort()
+
+    def _close(self) -> None:
+        self._remove_hook()
+        if self._comm is not None and self.aborted is None:
+            torch.cuda.current_stream().synchronize()
+            self._comm.destroy()
+        self._comm = None

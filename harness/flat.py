@@ -1,0 +1,113 @@
+"""Flatten a model's parameters and gradients into a few contiguous buffers (Torch7's getParameters())."""
+
+import torch
+
+
+class FlatParameters:
+    """Every trainable parameter becomes a view into one contiguous buffer per (device, dtype), and every
+    gradient a view into a matching gradient buffer, so collectives act on a few large buffers.
+
+    Build it after the model has reached its final device and dtype: ``model.to(...)`` or ``model.half()``
+    may replace ``param.data`` with a fresh tensor and silently leave the buffers behind.
+
+    Gradients land in the flat buffers because autograd accumulates into an existing ``.grad`` in place.
+    Two things replace ``.grad`` with a new tensor instead and so detach it from the buffer:
+    ``torch.optim.Optimizer.zero_grad()`` (its default ``set_to_none=True`` sets grads to None) and
+    ``backward(create_graph=True)`` (accumulates out of place). Callers therefore zero gradients with
+    ``FlatParameters.zero_grad()``; ``rebind_grads()`` repairs grads detached by either route.
+
+    In-place parameter updates (optimizer steps, ``load_state_dict`` without ``assign=True``) write
+    straight into the views, so optimizers built on ``model.parameters()`` need no special care.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        # model.parameters() already deduplicates by identity, so tied parameters appear once, in
+        # order of first registration.
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for param in model.parameters():
+            groups.setdefault((param.device, param.dtype), []).append(param)
+        if not any(param.requires_grad for group in groups.values() for param in group):
+            raise ValueError(
+                f"{type(model).__name__} has no parameters with requires_grad=True; "
+                "unfreeze at least one parameter before flattening"
+            )
+
+        self.params: list[torch.Tensor] = [_flatten_params(group) for group in groups.values()]
+        self.grads: list[torch.Tensor] = []
+        self._grad_views: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._segments: list[tuple[int, torch.Tensor, list[torch.nn.Parameter]]] = []
+        for group in groups.values():
+            trainable = [param for param in group if param.requires_grad]
+            if not trainable:
+                continue  # a fully frozen group gets no grad buffer, so grads may be shorter than params
+            flat_grad = torch.zeros(
+                sum(param.numel() for param in trainable), dtype=trainable[0].dtype, device=trainable[0].device
+            )
+            views = _views(flat_grad, trainable)
+            self._grad_views.extend(zip(trainable, views))
+            self._segments.append((len(self.grads), flat_grad, trainable[::-1]))
+            self.grads.append(flat_grad)
+        self.rebind_grads()
+
+        self.buffers: list[torch.Tensor] = [buf for buf in model.buffers() if buf.is_floating_point()]
+
+    def zero_grad(self) -> None:
+        """Zero the flat gradient buffers in place; grads stay views (unlike set_to_none)."""
+        for flat_grad in self.grads:
+            flat_grad.zero_()
+
+    def rebind_grads(self) -> int:
+        """Zero the gradient buffers and point every trainable parameter's .grad back at its view.
+
+        Returns how many grads had been detached (None or a separate tensor), so callers can warn
+        about whatever detached them.
+        """
+        self.zero_grad()
+        detached = 0
+        for param, view in self._grad_views:
+            if not _is_same_view(param.grad, view):
+                param.grad = view
+                detached += 1
+        return detached
+
+    def numel(self) -> int:
+        """Number of elements over all parameters, frozen ones included."""
+        return sum(flat.numel() for flat in self.params)
+
+    def checksum(self) -> float:
+        """float64 sum of all parameter buffers: a cheap test that replicas hold the same weights."""
+        return sum(flat.sum(dtype=torch.float64).item() for flat in self.params)
+
+    def grad_segments(self) -> list[tuple[int, torch.Tensor, list[torch.nn.Parameter]]]:
+        """(index into grads, grad buffer, its parameters in reverse registration order) per buffer.
+
+        Reverse order because backward produces gradients roughly last layer first, which is the
+        order a gradient-bucketing layer wants to launch reductions in.
+        """
+        return list(self._segments)
+
+
+def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Consecutive slices of flat, shaped like params, in order."""
+    views, offset = [], 0
+    for param in params:
+        views.append(flat[offset : offset + param.numel()].view_as(param))
+        offset += param.numel()
+    return views
+
+
+def _flatten_params(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Copy params into one buffer and make each param's .data a view of it (values preserved)."""
+    flat = torch.cat([param.detach().reshape(-1) for param in params])
+    for param, view in zip(params, _views(flat, params)):
+        param.data = view
+    return flat
+
+
+def _is_same_view(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
+    return (
+        grad is not None
+        and grad.data_ptr() == view.data_ptr()
+        and grad.shape == view.shape
+        and grad.stride() == view.stride()
+    )

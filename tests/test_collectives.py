@@ -1,0 +1,114 @@
+"""Collectives on CPU children (gloo): the full matrix, bad input, and a peer dying mid-collective."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from collective_cases import check_matrix, make_inputs, run_matrix
+from conftest import wait_gone
+from harness import ChildError, ChildFailed, Parent
+
+
+@pytest.fixture(scope="module")
+def parent():
+    with Parent() as p:
+        yield p
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def kids(parent, request):
+    return parent.fork(request.param)
+
+
+@pytest.fixture(scope="module")
+def pair(parent):
+    return parent.fork(2)
+
+
+def test_every_op_dtype_and_placement_matches_float64_reference(kids):
+    inputs = make_inputs(len(kids), seed=int.from_bytes(os.urandom(4), "little"))
+    kids.exec(run_matrix, inputs)
+    results = kids.wait()
+    assert check_matrix(inputs, results) == len(kids) * len(results[0]) > 0
+
+
+def test_communicator_reports_rank_size_backend(kids):
+    kids.exec(lambda ctx: (lambda c: (c.rank, c.size, c.backend))(ctx.communicator()))
+    assert kids.wait() == [(r, len(kids), "gloo") for r in range(len(kids))]
+
+
+BAD_CALLS = {
+    "non-contiguous": (ValueError, "not contiguous", lambda c, t: c.all_reduce(torch.zeros(4, 4).t())),
+    "wrong device": (ValueError, "needs cpu tensors", lambda c, t: c.all_reduce(torch.zeros(4, device="meta"))),
+    "out size": (ValueError, "this collective needs 8", lambda c, t: c.all_gather(torch.zeros(7), t)),
+    "out dtype": (TypeError, "must match", lambda c, t: c.all_reduce(t, out=torch.zeros(4, dtype=torch.float64))),
+    "root": (ValueError, "out of range", lambda c, t: c.broadcast(t, root=5)),
+    "dtype": (TypeError, "supported", lambda c, t: c.all_reduce(torch.zeros(4, dtype=torch.complex64))),
+    "op": (ValueError, "not supported", lambda c, t: c.all_reduce(t, op="mean")),
+    "avg on int": (TypeError, "floating-point", lambda c, t: c.all_reduce(torch.zeros(4, dtype=torch.int32), op="avg")),
+    "not a tensor": (TypeError, "torch.Tensor", lambda c, t: c.all_reduce(np.zeros(4))),
+    "scatter size": (ValueError, "not divisible", lambda c, t: c.reduce_scatter(torch.zeros(1), torch.zeros(3))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_fails_fast_on_the_caller(pair, case):
+    error, message, call = BAD_CALLS[case]
+
+    def work(ctx):
+        comm = ctx.communicator()
+        try:
+            call(comm, torch.zeros(4))
+        except error as e:
+            return str(e)
+        return "no error"
+
+    pair.exec(work)
+    messages = pair.wait()
+    assert all(message in m for m in messages), messages
+
+
+def test_bad_input_on_one_rank_does_not_leave_the_others_hanging():
+    def work(ctx):
+        comm = ctx.communicator()
+        t = torch.ones(4)
+        if ctx.rank == 1:
+            comm.all_reduce(t, op="median")      # fails its check; rank 0 is already waiting
+        comm.all_reduce(t)
+        return t.tolist()
+
+    with Parent() as parent:
+        kids = parent.fork(2)
+        kids.exec(work)
+        start = time.monotonic()
+        with pytest.raises(ChildError, match="median") as info:
+            kids.wait()
+        assert info.value.rank == 1 and time.monotonic() - start < 10
+        kids.exec(lambda ctx: "free")          # the waiting rank was released, not left blocked
+        assert kids.wait() == ["free", "free"]
+
+
+def test_peer_dying_mid_collective_raises_childfailed_quickly():
+    def work(ctx):
+        import os
+        comm = ctx.communicator()
+        t = torch.ones(1 << 16)
+        comm.all_reduce(t)
+        if ctx.rank == 2:
+            os.kill(os.getpid(), 9)
+        for _ in range(100):
+            comm.all_reduce(t)
+
+    with Parent() as parent:
+        kids = parent.fork(3)
+        pids = kids.pids
+        kids.exec(work)
+        start = time.monotonic()
+        with pytest.raises(ChildFailed) as info:
+            kids.wait()
+        assert time.monotonic() - start < 20
+        assert info.value.rank == 2 and "SIGKILL" in str(info.value)
+    assert wait_gone(pids, 5) == []
