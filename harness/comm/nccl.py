@@ -23,6 +23,17 @@ from .base import Communicator, Work
 _serial = itertools.count()
 
 
+def _current_raw_stream() -> int:
+    """The current stream's cudaStream_t. torch.cuda.current_stream() builds a Python Stream
+    object each call (microseconds, on a path whose budget is ~20 us); this reads the handle."""
+    return torch._C._cuda_getCurrentRawStream(0)
+
+
+if not hasattr(torch._C, "_cuda_getCurrentRawStream"):      # older or CPU-only builds
+    def _current_raw_stream() -> int:  # noqa: F811
+        return torch.cuda.current_stream().cuda_stream
+
+
 def _nccl():
     try:
         from cupy.cuda import nccl
@@ -55,14 +66,13 @@ class NcclCommunicator(Communicator):
 
     def _finish(self, pending: tuple[Callable[[], None], tuple[torch.Tensor, ...]], async_op: bool) -> Work | None:
         launch, tensors = pending
-        current = self._stream or torch.cuda.current_stream()
         if not async_op:
-            self._now = current.cuda_stream
+            self._now = self._stream.cuda_stream if self._stream is not None else _current_raw_stream()
             launch()
             return None
         if self._side is None:
             self._side = torch.cuda.Stream()
-        self._side.wait_stream(current)
+        self._side.wait_stream(self._stream or torch.cuda.current_stream())
         self._now = self._side.cuda_stream
         launch()
         for t in tensors:
