@@ -1,0 +1,31 @@
+"""The containers every dataset loader returns, kept apart so loaders can import them."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model needs to know to fit the data without seeing it."""
+
+    kind: str  # "image" (x: float32 N,C,H,W), "vector" (x: float32 N,D) or "tokens" (x, y: int64 N,T)
+    input_shape: tuple[int, ...]
+    num_classes: int  # vocabulary size for tokens
+    class_names: tuple[str, ...] = ()
+
+
+@dataclass
+class Split:
+    """One whole split held in memory: the datasets here are small enough to index directly."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    info: DataInfo
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"x has {len(self.x)} samples but y has {len(self.y)}; they must match")
+
+    def __len__(self) -> int:
+        return len(self.x)

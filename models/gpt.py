@@ -1,0 +1,118 @@
+"""Decoder-only transformer (GPT-2 layout) with tied input/output embeddings."""
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.checks import expect_kind
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int | None = None  # None: the dataset's sequence length
+    dropout: float = 0.0
+
+
+SIZES = {
+    "tiny": GPTConfig(n_layer=2, n_head=4, n_embd=128),  # trains in seconds on a CPU
+    "124m": GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # GPT-2 small
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, c = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(n, t, c))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(
+            OrderedDict(
+                fc=nn.Linear(cfg.n_embd, 4 * cfg.n_embd),
+                gelu=nn.GELU(),
+                proj=nn.Linear(4 * cfg.n_embd, cfg.n_embd),
+                drop=nn.Dropout(cfg.dropout),
+            )
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.block_size = cfg.block_size
+        self.wte = nn.Embedding(vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one Parameter, counted and updated once
+        self._init_weights(cfg.n_layer)
+
+    def _init_weights(self, n_layer: int) -> None:
+        """GPT-2 init; residual output projections are scaled down so the residual stream stays O(1) with depth."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """(N, T) token ids -> (N, T, vocab) next-token logits."""
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ValueError(
+                f"sequence length {t} exceeds block_size {self.block_size}; build the gpt with block_size >= {t}"
+            )
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def gpt(info, size: str = "tiny", **overrides) -> nn.Module:
+    """Build a preset `size`, with any GPTConfig field (n_layer, n_head, n_embd, block_size, dropout) overridden."""
+    expect_kind(info, "gpt", "tokens")
+    if size not in SIZES:
+        raise ValueError(f"unknown gpt size '{size}'; valid sizes: {', '.join(SIZES)}")
+    valid = [f.name for f in fields(GPTConfig)]
+    unknown = sorted(set(overrides) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown gpt option(s) {unknown}; valid options: size, {', '.join(valid)}")
+    cfg = replace(SIZES[size], **overrides)
+    if cfg.block_size is None:
+        cfg = replace(cfg, block_size=info.input_shape[0])
+    if cfg.n_embd % cfg.n_head:
+        raise ValueError(f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}; pick sizes that divide")
+    return GPT(cfg, info.num_classes)

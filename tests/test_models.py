@@ -1,0 +1,128 @@
+import pytest
+import torch
+
+from datasets import DataInfo
+from models import MODELS, build_model, loss_fn, model_names
+
+DIGITS = DataInfo("image", (1, 8, 8), 10)
+MNIST = DataInfo("image", (1, 28, 28), 10)
+CIFAR = DataInfo("image", (3, 32, 32), 10)
+TOKENS = DataInfo("tokens", (16,), 50)
+
+
+def sample_input(info: DataInfo, n: int = 2) -> torch.Tensor:
+    if info.kind == "tokens":
+        return torch.randint(info.num_classes, (n, *info.input_shape))
+    return torch.rand(n, *info.input_shape)
+
+
+def tiny_factory(info, width: int = 3) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(info.input_shape[0], width))
+
+
+def test_registry_lists_all_models():
+    assert model_names() == sorted(MODELS) == ["cnn", "gpt", "mlp", "oddeven", "resnet18", "resnet50"]
+
+
+@pytest.mark.parametrize(
+    "name, info",
+    [
+        ("oddeven", DataInfo("vector", (10,), 2)),
+        ("mlp", MNIST),
+        ("cnn", DIGITS),
+        ("cnn", MNIST),
+        ("cnn", CIFAR),
+        ("resnet18", CIFAR),
+        ("resnet18", DIGITS),
+        ("resnet50", CIFAR),
+        ("gpt", TOKENS),
+    ],
+)
+def test_model_outputs_logits_of_the_right_shape(name, info):
+    torch.manual_seed(0)
+    model = build_model(name, info)
+    x = sample_input(info)
+    out = model(x)
+    expected = (2, *info.input_shape, info.num_classes) if info.kind == "tokens" else (2, info.num_classes)
+    assert out.shape == expected
+    target = torch.randint(info.num_classes, expected[:-1])
+    assert loss_fn(out, target).shape == ()
+
+
+def test_mlp_is_784_512_512_10_on_mnist():
+    linears = [m for m in build_model("mlp", MNIST) if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(784, 512), (512, 512), (512, 10)]
+    hidden = build_model("mlp", MNIST, hidden=(32,))
+    assert [m.out_features for m in hidden if isinstance(m, torch.nn.Linear)] == [32, 10]
+
+
+def test_resnet50_has_imagenet_parameter_count():
+    with torch.device("meta"):
+        model = build_model("resnet50", DataInfo("image", (3, 224, 224), 1000))
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032
+
+
+def test_gpt_ties_embedding_and_output_weights():
+    model = build_model("gpt", TOKENS)
+    assert model.lm_head.weight is model.wte.weight
+    references = list(model.named_parameters(remove_duplicate=False))
+    assert sum(1 for _ in model.parameters()) == len(references) - 1  # the shared weight is counted once
+
+
+def test_gpt_is_causal():
+    torch.manual_seed(0)
+    model = build_model("gpt", TOKENS, n_layer=1, n_head=2, n_embd=16)
+    x = sample_input(TOKENS)
+    changed = x.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % TOKENS.num_classes
+    torch.testing.assert_close(model(x)[:, :10], model(changed)[:, :10])
+    assert not torch.allclose(model(x)[:, 10:], model(changed)[:, 10:])
+
+
+def test_gpt_124m_preset_is_gpt2_small():
+    with torch.device("meta"):
+        model = build_model("gpt", DataInfo("tokens", (1024,), 50257), size="124m")
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [({"size": "7b"}, "unknown gpt size '7b'; valid sizes: tiny, 124m"), ({"n_layers": 2}, r"\['n_layers'\]")],
+)
+def test_gpt_bad_options_raise(options, match):
+    with pytest.raises(ValueError, match=match):
+        build_model("gpt", TOKENS, **options)
+
+
+def test_gpt_rejects_sequences_longer_than_block_size():
+    model = build_model("gpt", TOKENS, block_size=8)
+    with pytest.raises(ValueError, match="sequence length 16 exceeds block_size 8"):
+        model(sample_input(TOKENS))
+
+
+def test_image_model_rejects_token_data():
+    with pytest.raises(ValueError, match="model 'cnn' needs image data but the dataset is tokens data"):
+        build_model("cnn", TOKENS)
+
+
+def test_module_factory_form_builds_user_model():
+    model = build_model(f"{__name__}:tiny_factory", DataInfo("vector", (4,), 2), width=5)
+    assert model(torch.rand(2, 4)).shape == (2, 5)
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("vgg", "unknown model 'vgg'; valid names: cnn, gpt, mlp, oddeven, resnet18, resnet50, or 'package.module:fac"),
+        ("no_such_module_xyz:make", "cannot import module 'no_such_module_xyz'"),
+        (f"{__name__}:missing", f"module '{__name__}' has no callable 'missing'"),
+    ],
+)
+def test_bad_model_names_raise(name, match):
+    with pytest.raises(ValueError, match=match):
+        build_model(name, DIGITS)
+
+
+def test_loss_fn_handles_tokens_like_flat_classes():
+    logits, target = torch.randn(2, 3, 5), torch.randint(5, (2, 3))
+    torch.testing.assert_close(loss_fn(logits, target), loss_fn(logits.reshape(6, 5), target.reshape(6)))

@@ -1,0 +1,104 @@
+import copy
+import math
+
+import pytest
+import torch
+
+from harness.optim import OPTIMIZERS, CCNesterov, build_optimizer
+
+LR, CURVATURE = 0.1, 2.0  # f(x) = CURVATURE / 2 * |x|^2, so grad = CURVATURE * x
+
+
+def quadratic_steps(opt: torch.optim.Optimizer, x: torch.nn.Parameter, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad()
+        (CURVATURE / 2 * x.pow(2).sum()).backward()
+        opt.step()
+
+
+def test_builds_every_listed_optimizer():
+    expected = {
+        "sgd": torch.optim.SGD,
+        "adam": torch.optim.Adam,
+        "adamw": torch.optim.AdamW,
+        "adagrad": torch.optim.Adagrad,
+        "adadelta": torch.optim.Adadelta,
+        "ccnesterov": CCNesterov,
+    }
+    assert set(OPTIMIZERS) == set(expected)
+    for name, cls in expected.items():
+        opt = build_optimizer(name, [torch.nn.Parameter(torch.ones(2))], lr=0.01, weight_decay=1e-4)
+        assert type(opt) is cls
+        assert opt.param_groups[0]["weight_decay"] == 1e-4
+
+
+def test_sgd_gets_momentum_and_nesterov():
+    opt = build_optimizer("sgd", [torch.nn.Parameter(torch.ones(2))], lr=0.1, momentum=0.9, nesterov=True)
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["nesterov"]
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("rmsprop", {}, "unknown optimizer 'rmsprop'; valid names: sgd, adam"),
+        ("sgd", {"lr": 0.0}, "lr=0.0"),
+        ("sgd", {"nesterov": True}, "nesterov needs momentum > 0"),
+        ("adam", {"momentum": 0.9}, "only to sgd"),
+        ("ccnesterov", {"nesterov": True, "momentum": 0.9}, "only to sgd"),
+    ],
+)
+def test_bad_arguments_raise(name, kwargs, match):
+    kwargs = {"lr": 0.1, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        build_optimizer(name, [torch.nn.Parameter(torch.ones(2))], **kwargs)
+
+
+def test_ccnesterov_matches_hand_computed_steps():
+    lam1 = 1.0  # from lambda_0 = 0
+    lam2 = (1 + math.sqrt(1 + 4 * lam1**2)) / 2
+    lam3 = (1 + math.sqrt(1 + 4 * lam2**2)) / 2
+    lam4 = (1 + math.sqrt(1 + 4 * lam3**2)) / 2
+    gamma1, gamma2, gamma3 = (1 - lam1) / lam2, (1 - lam2) / lam3, (1 - lam3) / lam4
+    x0 = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    y1 = x0
+    y2 = x0 - LR * CURVATURE * x0
+    x1 = (1 - gamma1) * y2 + gamma1 * y1
+    y3 = x1 - LR * CURVATURE * x1
+    x2 = (1 - gamma2) * y3 + gamma2 * y2
+    y4 = x2 - LR * CURVATURE * x2
+    x3 = (1 - gamma3) * y4 + gamma3 * y3
+
+    x = torch.nn.Parameter(x0.clone())
+    opt = build_optimizer("ccnesterov", [x], lr=LR)
+    for expected in (x1, x2, x3):
+        quadratic_steps(opt, x, 1)
+        torch.testing.assert_close(x.detach(), expected)
+    assert gamma1 == 0 and gamma2 < 0  # first step is plain descent, later ones extrapolate
+
+
+def test_ccnesterov_weight_decay_adds_l2_gradient():
+    x = torch.nn.Parameter(torch.tensor([3.0], dtype=torch.float64))
+    opt = CCNesterov([x], lr=LR, weight_decay=0.5)
+    quadratic_steps(opt, x, 1)
+    expected = 3.0 - LR * (CURVATURE * 3.0 + 0.5 * 3.0)
+    torch.testing.assert_close(x.detach(), torch.tensor([expected], dtype=torch.float64))
+
+
+def test_ccnesterov_converges_on_quadratic():
+    x = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    quadratic_steps(CCNesterov([x], lr=LR), x, 60)
+    assert x.detach().abs().max() < 1e-3
+
+
+def test_ccnesterov_state_dict_resumes_exactly():
+    x = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = CCNesterov([x], lr=LR)
+    quadratic_steps(opt, x, 3)
+    saved_x, saved_state = x.detach().clone(), copy.deepcopy(opt.state_dict())
+    quadratic_steps(opt, x, 3)
+
+    resumed = torch.nn.Parameter(saved_x)
+    resumed_opt = CCNesterov([resumed], lr=LR)
+    resumed_opt.load_state_dict(saved_state)
+    quadratic_steps(resumed_opt, resumed, 3)
+    assert torch.equal(resumed.detach(), x.detach())
