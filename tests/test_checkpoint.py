@@ -1,0 +1,147 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from harness.checkpoint import REQUIRED_KEYS, CheckpointError, check_writable, load_checkpoint, save_checkpoint
+
+
+def make_state(epoch: int = 3) -> dict:
+    torch.manual_seed(epoch)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    config = {"lr": 0.1, "batch_size": 8, "nesterov": False, "milestones": [10, 20], "shape": (3, 2), "log": None}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "epoch": epoch,
+        "step": 10 * epoch,
+        "config": config,
+    }
+
+
+def assert_same_state(loaded: dict, saved: dict) -> None:
+    assert loaded.keys() == saved.keys()
+    for name, tensor in saved["model"].items():
+        assert torch.equal(loaded["model"][name], tensor)
+    momentum = saved["optimizer"]["state"][0]["momentum_buffer"]
+    assert torch.equal(loaded["optimizer"]["state"][0]["momentum_buffer"], momentum)
+    assert loaded["optimizer"]["param_groups"] == saved["optimizer"]["param_groups"]
+    assert (loaded["epoch"], loaded["step"], loaded["config"]) == (saved["epoch"], saved["step"], saved["config"])
+
+
+def test_round_trip(tmp_path):
+    state = make_state()
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, state)
+    assert_same_state(load_checkpoint(path), state)
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_overwrite_replaces_previous_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, make_state(epoch=1))
+    save_checkpoint(path, make_state(epoch=2))
+    assert load_checkpoint(path)["epoch"] == 2
+
+
+def test_failed_save_keeps_old_checkpoint_and_removes_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    old = make_state(epoch=1)
+    save_checkpoint(path, old)
+    real_save = torch.save
+
+    def crash_mid_write(obj, file):
+        real_save(obj, file)
+        file.seek(file.tell() // 2)
+        file.truncate()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash_mid_write)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, make_state(epoch=2))
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+    assert_same_state(load_checkpoint(path), old)
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.pt"
+    with pytest.raises(CheckpointError, match="does not exist") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+
+
+def test_garbage_file(tmp_path):
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(b"this is not a checkpoint\n" * 10)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+
+
+def test_truncated_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, make_state())
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+
+
+def test_not_a_dict(tmp_path):
+    path = tmp_path / "list.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(CheckpointError, match="list") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_keys_on_load(tmp_path):
+    path = tmp_path / "partial.pt"
+    state = make_state()
+    del state["optimizer"], state["step"]
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match=r"\['optimizer', 'step'\]") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+
+
+def test_save_rejects_missing_keys_and_unplain_config(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    with pytest.raises(CheckpointError, match="epoch"):
+        save_checkpoint(path, {key: 0 for key in REQUIRED_KEYS if key != "epoch"})
+    state = make_state()
+    state["config"]["lr"] = np.float64(0.1)
+    with pytest.raises(CheckpointError, match=r"config\['lr'\] is a float64"):
+        save_checkpoint(path, state)
+    state["config"]["lr"] = 0.1
+    state["config"]["milestones"] = [10, tmp_path]
+    with pytest.raises(CheckpointError, match=r"config\['milestones'\]\[1\] is a PosixPath"):
+        save_checkpoint(path, state)
+    assert os.listdir(tmp_path) == []
+
+
+def test_check_writable_accepts_and_creates_directory(tmp_path):
+    path = tmp_path / "runs" / "a" / "ckpt.pt"
+    check_writable(path)
+    assert path.parent.is_dir()
+    assert os.listdir(path.parent) == []
+
+
+def test_check_writable_rejects_directory_under_a_file(tmp_path):
+    # Root ignores permission bits, so make the directory impossible instead of read-only.
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory")
+    path = blocker / "ckpt.pt"
+    with pytest.raises(CheckpointError, match="cannot be created or written") as info:
+        check_writable(path)
+    assert str(blocker) in str(info.value)
+
+
+def test_check_writable_rejects_directory_as_path(tmp_path):
+    with pytest.raises(CheckpointError, match="is a directory"):
+        check_writable(tmp_path)

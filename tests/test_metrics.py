@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+import torch
+
+from harness.metrics import MetricsLog, plot_metrics, read_metrics
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def epoch_records() -> list[dict]:
+    return [
+        {"event": "start", "world_size": 2},
+        {"event": "epoch", "epoch": 1, "train_loss": 2.0, "val_error": 0.6},
+        {"event": "step", "step": 10, "loss": 1.5},
+        {"event": "epoch", "epoch": 2, "train_loss": 1.2},
+        {"event": "epoch", "epoch": 3, "train_loss": 0.8, "val_error": 0.3},
+    ]
+
+
+def test_write_read_round_trip(tmp_path):
+    log = MetricsLog(tmp_path / "logs")
+    for record in epoch_records():
+        log.write(record)
+    assert read_metrics(log.path) == epoch_records()  # readable before close: every write is flushed
+    log.close()
+    assert log.path == tmp_path / "logs" / "metrics.jsonl"
+
+
+def test_tensor_and_numpy_values_become_numbers(tmp_path):
+    with MetricsLog(tmp_path) as log:
+        log.write({"loss": torch.tensor(0.5), "acc": np.float32(0.25), "sizes": torch.tensor([1, 2])})
+    assert read_metrics(log.path) == [{"loss": 0.5, "acc": 0.25, "sizes": [1, 2]}]
+
+
+def test_unserialisable_value_names_type(tmp_path):
+    with MetricsLog(tmp_path) as log, pytest.raises(TypeError, match="object"):
+        log.write({"bad": object()})
+
+
+def test_second_log_appends(tmp_path):
+    with MetricsLog(tmp_path) as first:
+        first.write({"event": "epoch", "epoch": 1, "train_loss": 1.0})
+    with MetricsLog(tmp_path) as resumed:
+        resumed.write({"event": "epoch", "epoch": 2, "train_loss": 0.5})
+    assert [r["epoch"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_malformed_line_is_reported_with_line_number(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2"):
+        read_metrics(path)
+
+
+def test_plot_writes_png(tmp_path):
+    png = plot_metrics(epoch_records(), tmp_path / "plots" / "metrics.png")
+    assert png == tmp_path / "plots" / "metrics.png"
+    data = png.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 1000
+
+
+def test_plot_without_epoch_records_returns_none(tmp_path):
+    assert plot_metrics([{"event": "step", "loss": 1.0}], tmp_path / "m.png") is None
+    assert not (tmp_path / "m.png").exists()
