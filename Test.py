@@ -1,0 +1,130 @@
+"""Evaluate what Train.py saved: python Test.py --help
+
+Rebuilds the model from the checkpoint's config, evaluates it on the dataset's test split (in
+this process, or on workers in parallel with --gpus / --cpu-workers) and prints
+"accuracy: 0.9xxx", per-class accuracy, a confusion matrix and a few example predictions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from harness import ChildError, ChildFailed, Parent
+from harness.checkpoint import CheckpointError, load_checkpoint
+from harness.placement import resolve_gpus
+
+DEFAULT_CHECKPOINT = "checkpoints/model.pt"
+EXAMPLES = 8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help=f"default {DEFAULT_CHECKPOINT} (Train.py's default)")
+    p.add_argument("--data-dir", default=None, help="override the data directory saved in the checkpoint")
+    p.add_argument("--gpus", default=None, help="evaluate on workers on these GPUs ('all' or 0,1,...)")
+    p.add_argument("--cpu-workers", type=int, default=0, help="evaluate on this many CPU workers in parallel")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    return p.parse_args(argv)
+
+
+def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
+    """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the test split."""
+    from harness.train import autocast, build, load_data
+    config = state["config"]
+    device = ctx.device if ctx is not None else torch.device("cpu")
+    _, _, test = load_data(config)
+    model, _ = build(config, test.info, device)
+    model.load_state_dict(state["model"])
+    model.eval()
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    classes = test.info.num_classes
+    confusion = torch.zeros(classes, classes, dtype=torch.int64)
+    with torch.no_grad():
+        for start in range(rank * batch_size, len(test), world * batch_size):
+            x = test.x[start:start + batch_size].to(device)
+            y = test.y[start:start + batch_size]
+            with autocast(config, device):
+                predicted = model(x).argmax(-1).cpu()
+            confusion += torch.bincount((y * classes + predicted).flatten(), minlength=classes * classes).view(classes, classes)
+    return confusion
+
+
+def examples(state: dict) -> list[dict]:
+    """A few test samples with the model's prediction (the seed's oddeven lines for oddeven)."""
+    from datasets import decode_oddeven
+    from harness.train import build, load_data
+    config = state["config"]
+    _, _, test = load_data(config)
+    model, _ = build(config, test.info, torch.device("cpu"))
+    model.load_state_dict(state["model"])
+    model.eval()
+    with torch.no_grad():
+        probabilities = model(test.x[:EXAMPLES]).float().softmax(-1)
+    if config["dataset"] == "oddeven":
+        numbers = decode_oddeven(test.x[:EXAMPLES])
+        return [{"input": int(n), "p_odd": float(p[1])} for n, p in zip(numbers, probabilities)]
+    names = test.info.class_names or tuple(str(c) for c in range(test.info.num_classes))
+    out = []
+    for y, p in zip(test.y[:EXAMPLES], probabilities):
+        if y.dim() == 0:
+            out.append({"label": names[int(y)], "prediction": names[int(p.argmax())], "confidence": float(p.max())})
+    return out
+
+
+def report(state: dict, confusion: torch.Tensor, shown: list[dict], as_json: bool) -> None:
+    total = int(confusion.sum())
+    accuracy = float(confusion.diag().sum()) / total
+    per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist()
+    if as_json:
+        print(json.dumps({"accuracy": accuracy, "samples": total, "per_class_accuracy": per_class,
+                          "confusion_matrix": confusion.tolist(), "examples": shown,
+                          "model": state["config"]["model"], "dataset": state["config"]["dataset"],
+                          "epoch": state["epoch"], "step": state["step"]}))
+        return
+    print(f"{state['config']['model']} on {state['config']['dataset']} test split ({total} samples), "
+          f"trained {state['epoch']} epochs / {state['step']} updates")
+    print(f"accuracy: {accuracy:.4f}")
+    print("per-class accuracy: " + ", ".join(f"{c}: {a:.3f}" for c, a in enumerate(per_class)))
+    if len(confusion) <= 20:
+        print("confusion matrix (rows: true class, columns: predicted):")
+        for row in confusion.tolist():
+            print("  " + " ".join(f"{v:4d}" for v in row))
+    for example in shown:
+        if "p_odd" in example:
+            print(f"Input: {example['input']}, Prediction: {example['p_odd']:.2f} (> 0.5 => odd)")
+        else:
+            print(f"label {example['label']}, predicted {example['prediction']} ({example['confidence']:.2f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        state = load_checkpoint(args.checkpoint)
+        gpus = resolve_gpus(args.gpus)
+    except (CheckpointError, ValueError) as e:
+        print(f"Test.py: error: {e}", file=sys.stderr)
+        return 2
+    if args.data_dir:
+        state["config"]["data_dir"] = args.data_dir
+    workers = len(gpus) or args.cpu_workers
+    try:
+        if workers:
+            with Parent() as parent:
+                kids = parent.fork(workers, gpus=gpus or None)
+                kids.exec(confusion_on_shard, state, args.batch_size)
+                confusion = sum(kids.wait())
+        else:
+            confusion = confusion_on_shard(None, state, args.batch_size)
+    except (ChildError, ChildFailed, FileNotFoundError) as e:
+        print(f"Test.py: evaluation failed: {e}", file=sys.stderr)
+        return 1
+    report(state, confusion, examples(state), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Train one model on every worker: python Train.py --help
+
+Defaults: an MLP on scikit-learn's bundled handwritten digits, on every GPU if there are GPUs,
+otherwise on 2 CPU workers; the checkpoint goes to checkpoints/model.pt and the log (JSON lines
+and a plot) to runs/. Every bad input is a one-line error before any worker starts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from harness import ChildError, ChildFailed, Parent
+from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
+from harness.metrics import MetricsLog, plot_metrics, read_metrics
+from harness.optim import OPTIMIZERS
+from harness.placement import resolve_gpus, visible_gpus
+
+DEFAULT_SAVE = "checkpoints/model.pt"
+
+
+class ConfigError(ValueError):
+    """Bad command-line input; reported as one line, before any worker starts."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--model", default="mlp", help="registry name (cnn, gpt, mlp, oddeven, resnet18, resnet50) or package.module:factory")
+    a("--model-options", default="{}", help='JSON options for the model factory, e.g. \'{"hidden": [256]}\'')
+    a("--dataset", default="digits", help="cifar10, digits, mnist, oddeven or synthetic")
+    a("--dataset-options", default="{}", help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic')
+    a("--data-dir", default=None, help="where mnist/cifar10 files are (default ./data)")
+    a("--gpus", default=None, help="'all' or GPU indices like 0,1 (default: all GPUs if any, else CPU workers)")
+    a("--cpu-workers", type=int, default=2, help="number of CPU workers when no GPU is used (default 2)")
+    a("--mode", choices=("grad", "param"), default="grad",
+      help="grad: average gradients every update; param: average parameters every --avg-every updates")
+    a("--avg-every", type=int, default=1, help="param mode: average parameters every K updates (default 1)")
+    a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
+    a("--optimizer", choices=OPTIMIZERS, default="sgd")
+    a("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
+    a("--momentum", type=float, default=None, help="sgd momentum (default 0.9 for sgd)")
+    a("--nesterov", action="store_true", help="sgd: Nesterov momentum")
+    a("--weight-decay", type=float, default=0.0)
+    a("--batch-size", type=int, default=32, help="per worker (default 32)")
+    a("--epochs", type=int, default=10)
+    a("--val-fraction", type=float, default=0.1, help="share of the training set held out for validation")
+    a("--validate-every", type=int, default=0, help="validate every N updates (default: at each epoch's end)")
+    a("--target-error", type=float, default=None, help="stop once the validation error is at most this (e.g. 0.02)")
+    a("--patience", type=int, default=0, help="stop after this many validations without improvement (0: never)")
+    a("--save", default=DEFAULT_SAVE, help=f"checkpoint path (default {DEFAULT_SAVE}); '' to not save")
+    a("--save-every", type=int, default=1, help="save every N epochs (default 1) and at the end")
+    a("--resume", default=None, help="checkpoint to continue from, exactly where it stopped")
+    a("--seed", type=int, default=0)
+    a("--amp", choices=("bf16",), default=None, help="bf16 autocast")
+    a("--log-dir", default="runs", help="metrics.jsonl and metrics.png go here (default runs/)")
+    a("--heartbeat-timeout", type=float, default=30.0, help="seconds of silence before a worker counts as hung")
+    return p.parse_args(argv)
+
+
+def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
+    """Check every input that can be checked before starting workers; returns (config, gpus)."""
+    from datasets import dataset_names
+    from models import MODELS, build_model  # noqa: F401  (import errors surface here, not in a worker)
+
+    def json_option(name: str, text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--{name} is not valid JSON ({e.msg}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"--{name} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
+        return value
+
+    if args.dataset not in dataset_names():
+        raise ConfigError(f"unknown dataset '{args.dataset}'; valid names: {', '.join(dataset_names())}")
+    if args.model not in MODELS and ":" not in args.model:
+        raise ConfigError(f"unknown model '{args.model}'; valid names: {', '.join(sorted(MODELS))}, "
+                          "or package.module:factory")
+    for name in ("batch_size", "epochs", "avg_every", "cpu_workers"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+    if not 0 <= args.val_fraction < 1:
+        raise ConfigError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    try:
+        gpus = resolve_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    momentum = args.momentum if args.momentum is not None else (0.9 if args.optimizer == "sgd" else 0.0)
+    config = {
+        "model": args.model, "model_options": json_option("model-options", args.model_options),
+        "dataset": args.dataset, "dataset_options": json_option("dataset-options", args.dataset_options),
+        "data_dir": args.data_dir, "mode": args.mode, "avg_every": args.avg_every,
+        "avg_optimizer_state": args.avg_optimizer_state, "optimizer": args.optimizer, "lr": args.lr,
+        "momentum": momentum, "nesterov": args.nesterov, "weight_decay": args.weight_decay,
+        "batch_size": args.batch_size, "epochs": args.epochs, "val_fraction": args.val_fraction,
+        "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
+        "save": args.save or None, "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
+        "amp": args.amp, "log_dir": args.log_dir, "workers": len(gpus) or args.cpu_workers,
+    }
+    _check_data_and_model(config)
+    if config["save"]:
+        try:
+            check_writable(config["save"])
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
+    if config["resume"]:
+        try:
+            saved = load_checkpoint(config["resume"])
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
+        if (saved["config"]["model"], saved["config"]["dataset"]) != (config["model"], config["dataset"]):
+            raise ConfigError(f"--resume {config['resume']} holds a {saved['config']['model']} model on "
+                              f"{saved['config']['dataset']}; pass --model/--dataset to match")
+    return config, gpus
+
+
+def _check_data_and_model(config: dict) -> None:
+    """Load the data and build the model once in the parent: a missing file, a bad option or a
+    batch larger than a worker's shard fails here, not in every worker."""
+    import torch
+    from harness.train import build, load_data
+    try:
+        train, _, _ = load_data(config)
+        with torch.device("meta"):          # checks the model's options without allocating its weights
+            build(config, train.info, torch.device("meta"))
+    except (FileNotFoundError, ValueError, TypeError, ImportError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    shard = len(train) // config["workers"]
+    if config["batch_size"] > shard:
+        raise ConfigError(f"--batch-size {config['batch_size']} is larger than a worker's shard ({shard} samples "
+                          f"of {len(train)} over {config['workers']} workers); use at most {shard}")
+
+
+class Progress:
+    """The parent's view of a run: a tqdm bar, Train.lua-style epoch lines, and the metrics log."""
+
+    def __init__(self, config: dict, steps_per_epoch: int, log: MetricsLog):
+        from tqdm import tqdm
+        self.config, self.log = config, log
+        self.bar = tqdm(total=steps_per_epoch * config["epochs"], unit="update", dynamic_ncols=True)
+
+    def handle(self, record: dict) -> None:
+        event = record["event"]
+        self.log.write({"time": time.time(), **record})
+        if "step" in record:
+            self.bar.update(record["step"] - self.bar.n)
+        if event == "step":
+            self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.config['epochs']}")
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
+        elif event == "epoch":
+            val = record["val_error"]
+            self.bar.write(f"Epoch {record['epoch']}/{self.config['epochs']}: average loss per sample "
+                           f"{record['train_loss']:.4f}"
+                           + (f", validation error {val:.2%}" if val is not None else "")
+                           + f" ({record['seconds']:.1f} s)")
+        elif event == "done" and record["stop"]:
+            self.bar.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> list[dict]:
+    """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries."""
+    from harness.train import load_data, train_worker
+    train_split, _, _ = load_data(config)
+    steps_per_epoch = len(train_split) // config["workers"] // config["batch_size"]
+    log = MetricsLog(config["log_dir"])
+    progress = Progress(config, steps_per_epoch, log)
+    try:
+        with Parent(heartbeat_timeout=heartbeat_timeout) as parent:
+            kids = parent.fork(config["workers"], gpus=gpus or None)
+            kids.exec(train_worker, config)
+            while True:
+                record = kids[0].receive()
+                progress.handle(record)
+                if record["event"] == "done":
+                    break
+            results = kids.wait()
+    finally:
+        progress.close()
+        log.close()
+    plot = plot_metrics(read_metrics(log.path), Path(config["log_dir"]) / "metrics.png")
+    print(f"log: {log.path}" + (f", plot: {plot}" if plot else "")
+          + (f", checkpoint: {config['save']}" if config["save"] else ""))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config, gpus = make_config(args)
+    except ConfigError as e:
+        print(f"Train.py: error: {e}", file=sys.stderr)
+        return 2
+    where = f"{len(gpus)} GPU(s)" if gpus else f"{config['workers']} CPU workers"
+    print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
+          f"mode {config['mode']}")
+    try:
+        train(config, gpus, args.heartbeat_timeout)
+    except (ChildError, ChildFailed) as e:
+        print(f"Train.py: training failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Train.py and Test.py end to end on CPU workers and small data."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import Train
+from harness.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_train(tmp_path, *flags, name="run"):
+    """Train in this process (the workers are still separate processes); returns (results, checkpoint)."""
+    save = tmp_path / f"{name}.pt"
+    args = Train.parse_args(["--save", str(save), "--log-dir", str(tmp_path / name), *flags])
+    config, gpus = Train.make_config(args)
+    return Train.train(config, gpus), save
+
+
+def cli(script, *flags, env=None, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / script), *flags], capture_output=True, text=True,
+                          timeout=240, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def flat_params(path):
+    state = load_checkpoint(path)["model"]
+    return torch.cat([v.flatten().double() for v in state.values() if v.is_floating_point()])
+
+
+def test_train_then_test_end_to_end(tmp_path):
+    save, logs = tmp_path / "model.pt", tmp_path / "logs"
+    trained = cli("Train.py", "--epochs", "6", "--save", str(save), "--log-dir", str(logs))
+    assert trained.returncode == 0, trained.stderr
+    assert "Epoch 6/6: average loss per sample" in trained.stdout + trained.stderr
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3, 4, 5, 6]
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert (logs / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tested = cli("Test.py", "--checkpoint", str(save))
+    assert tested.returncode == 0, tested.stderr
+    accuracy = float(next(l for l in tested.stdout.splitlines() if l.startswith("accuracy: ")).split()[1])
+    assert accuracy > 0.85
+    assert "confusion matrix" in tested.stdout
+    parallel = cli("Test.py", "--checkpoint", str(save), "--cpu-workers", "2", "--json")
+    result = json.loads(parallel.stdout)
+    assert result["accuracy"] == pytest.approx(accuracy) and result["samples"] == 360
+
+
+def test_grad_mode_replicas_stay_identical(tmp_path):
+    results, _ = run_train(tmp_path, "--epochs", "3", "--cpu-workers", "3", "--batch-size", "16")
+    checksums = [r["checksum"] for r in results]
+    assert len(set(checksums)) == 1 and results[0]["step"] == 3 * (1293 // 3 // 16)
+
+
+def test_two_workers_equal_one_worker_with_double_batch(tmp_path):
+    common = ["--epochs", "2", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--seed", "3"]
+    _, two = run_train(tmp_path, *common, "--cpu-workers", "2", "--batch-size", "8", name="two")
+    _, one = run_train(tmp_path, *common, "--cpu-workers", "1", "--batch-size", "16", name="one")
+    a, b = flat_params(two), flat_params(one)
+    assert (a - b).norm() / b.norm() <= 1e-5
+
+
+def test_param_mode_averages_replicas(tmp_path):
+    results, save = run_train(tmp_path, "--epochs", "2", "--mode", "param", "--avg-every", "4",
+                              "--avg-optimizer-state", "--optimizer", "adam", "--lr", "0.003")
+    assert len({r["checksum"] for r in results}) == 1
+    assert load_checkpoint(save)["config"]["mode"] == "param"
+
+
+def test_resume_continues_exactly(tmp_path):
+    common = ["--epochs", "4", "--seed", "5", "--nesterov"]
+    run_train(tmp_path, *common, name="straight")
+    run_train(tmp_path, *common[:1], "2", *common[2:], name="half")
+    state = load_checkpoint(tmp_path / "half.pt")
+    assert (state["epoch"], state["step"]) == (2, 40)
+    save = tmp_path / "resumed.pt"
+    args = Train.parse_args([*common, "--resume", str(tmp_path / "half.pt"), "--save", str(save),
+                             "--log-dir", str(tmp_path / "resumed")])
+    Train.train(*Train.make_config(args))
+    assert torch.equal(flat_params(tmp_path / "straight.pt"), flat_params(save))
+    assert load_checkpoint(save)["step"] == load_checkpoint(tmp_path / "straight.pt")["step"] == 80
+
+
+def test_target_error_stops_early(tmp_path):
+    _, save = run_train(tmp_path, "--epochs", "50", "--target-error", "0.2", "--validate-every", "10")
+    assert load_checkpoint(save)["epoch"] < 50
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "transformerx"], "unknown model 'transformerx'; valid names: cnn, gpt, mlp"),
+    (["--dataset", "imagenet"], "unknown dataset 'imagenet'; valid names: cifar10, digits"),
+    (["--batch-size", "5000"], "larger than a worker's shard"),
+    (["--gpus", "0,1"], "GPU 0 requested but 0 GPU"),
+    (["--resume", "/nonexistent/model.pt"], "/nonexistent/model.pt"),
+    (["--dataset", "mnist", "--data-dir", "/nonexistent"], "train-images-idx3-ubyte"),
+    (["--model-options", "{bad json"], "not valid JSON"),
+    (["--lr", "-1"], "--lr must be positive"),
+])
+def test_bad_input_is_one_line_error_before_any_worker(flags, message, tmp_path):
+    result = cli("Train.py", *flags, "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path),
+                 env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_corrupt_checkpoint_and_unwritable_save_path(tmp_path):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    for flags in (["--resume", str(corrupt)], ["--save", str(corrupt / "sub" / "m.pt")]):
+        result = cli("Train.py", *flags, "--log-dir", str(tmp_path))
+        assert result.returncode == 2 and str(corrupt) in result.stderr
+    result = cli("Test.py", "--checkpoint", str(corrupt))
+    assert result.returncode == 2 and str(corrupt) in result.stderr
+
+
+def test_oddeven_prints_the_seeds_lines(tmp_path):
+    save = tmp_path / "oddeven.pt"
+    trained = cli("Train.py", "--model", "oddeven", "--dataset", "oddeven", "--epochs", "3",
+                  "--save", str(save), "--log-dir", str(tmp_path))
+    assert trained.returncode == 0, trained.stderr
+    tested = cli("Test.py", "--checkpoint", str(save))
+    lines = [l for l in tested.stdout.splitlines() if l.startswith("Input: ")]
+    assert lines and all(re.fullmatch(r"Input: \d+, Prediction: [01]\.\d\d \(> 0\.5 => odd\)", l) for l in lines), lines
+
+
+def test_works_with_a_huggingface_style_datasets_package_installed(tmp_path):
+    fake = tmp_path / "site" / "datasets"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('this is the Hugging Face datasets package')\n")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    result = cli("Train.py", "--epochs", "1", "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path / "l"),
+                 env=env, cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert cli("Test.py", "--checkpoint", str(tmp_path / "m.pt"), env=env, cwd=elsewhere).returncode == 0
