@@ -39,6 +39,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       help="grad: average gradients every update; param: average parameters every --avg-every updates")
     a("--avg-every", type=int, default=1, help="param mode: average parameters every K updates (default 1)")
     a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
+    a("--grad-sync", choices=("bucketed", "flat"), default="bucketed",
+      help="grad mode: all-reduce buckets during backward (default), or the whole flat gradient after it")
+    a("--bucket-mb", type=float, default=25.0, help="grad mode: gradient bucket size in MiB (default 25)")
+    a("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
+      help="grad mode: dtype gradients are averaged in (default fp32, i.e. the gradients' own)")
     a("--optimizer", choices=OPTIMIZERS, default="sgd")
     a("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
     a("--momentum", type=float, default=None, help="sgd momentum (default 0.9 for sgd)")
@@ -82,6 +87,8 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     for name in ("batch_size", "epochs", "avg_every", "cpu_workers"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.bucket_mb <= 0:
+        raise ConfigError(f"--bucket-mb must be positive, got {args.bucket_mb}")
     if args.lr <= 0:
         raise ConfigError(f"--lr must be positive, got {args.lr}")
     if not 0 <= args.val_fraction < 1:
@@ -95,7 +102,8 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "model": args.model, "model_options": json_option("model-options", args.model_options),
         "dataset": args.dataset, "dataset_options": json_option("dataset-options", args.dataset_options),
         "data_dir": args.data_dir, "mode": args.mode, "avg_every": args.avg_every,
-        "avg_optimizer_state": args.avg_optimizer_state, "optimizer": args.optimizer, "lr": args.lr,
+        "avg_optimizer_state": args.avg_optimizer_state, "grad_sync": args.grad_sync,
+        "bucket_mb": args.bucket_mb, "reduce_dtype": args.reduce_dtype, "optimizer": args.optimizer, "lr": args.lr,
         "momentum": momentum, "nesterov": args.nesterov, "weight_decay": args.weight_decay,
         "batch_size": args.batch_size, "epochs": args.epochs, "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,

@@ -3,8 +3,11 @@
 Both act on FlatParameters' few contiguous buffers, so each synchronisation is one collective
 per buffer, issued in the same order on every rank (out-of-order collectives deadlock NCCL).
 
-* ``GradientAveraging`` (--mode grad): after backward, all-reduce the flat gradients with "avg";
-  every replica then takes the same optimizer step, so replicas stay identical.
+* ``GradientAveraging`` (--mode grad --grad-sync flat): after backward, all-reduce the flat
+  gradients with "avg"; every replica then takes the same optimizer step, so replicas stay identical.
+* ``BucketedGradientAveraging`` (--mode grad, the default): the same result, faster. Buckets of
+  the flat gradient are all-reduced asynchronously as soon as backward has filled them, so the
+  communication overlaps the rest of backward.
 * ``ParameterAveraging`` (--mode param --avg-every K): replicas step on their own gradients and
   every K updates (and at the end) average their flat parameters and floating-point buffers
   (BatchNorm statistics), and optionally the optimizer's state.
@@ -45,6 +48,89 @@ class GradientAveraging(Synchroniser):
         # Gradients keep parameters equal; BatchNorm statistics still drift apart per shard.
         for buffer in self.flat.buffers:
             self.comm.all_reduce(buffer, op="avg")
+
+
+class _Bucket:
+    """A contiguous slice of one flat gradient buffer and the parameters whose gradients fill it."""
+
+    def __init__(self, flat_grad: torch.Tensor, params: list[torch.nn.Parameter], reduce_dtype: torch.dtype | None):
+        offsets = [p.grad.storage_offset() - flat_grad.storage_offset() for p in params]
+        start = min(offsets)
+        stop = max(o + p.numel() for o, p in zip(offsets, params))
+        self.view = flat_grad[start:stop]
+        self.count = len(params)
+        self.shadow = None if reduce_dtype in (None, flat_grad.dtype) else torch.empty_like(self.view, dtype=reduce_dtype)
+
+
+class BucketedGradientAveraging(GradientAveraging):
+    """Overlap the gradient all-reduce with backward, like DDP's reducer, on flat buffers.
+
+    Buckets are cut from each flat gradient buffer in reverse registration order (about the order
+    backward produces gradients), ``bucket_mb`` each. A post-accumulate-grad hook counts down each
+    bucket; a full bucket is launched asynchronously (NCCL: on a side stream that first waits for
+    backward's stream). Buckets are launched strictly in index order on every rank, because NCCL
+    deadlocks when ranks issue collectives in different orders: a bucket that fills early waits
+    for its predecessors. ``after_backward`` launches what is left (parameters that got no
+    gradient this step keep their zeroed gradient) and makes the optimizer wait for every bucket.
+
+    ``reduce_dtype=torch.bfloat16`` halves the bytes on the wire: each bucket is cast into a bf16
+    shadow before the all-reduce and copied back after it.
+    """
+
+    def __init__(self, comm: Communicator, flat: FlatParameters, bucket_mb: float = 25.0,
+                 reduce_dtype: torch.dtype | None = None):
+        super().__init__(comm, flat)
+        if bucket_mb <= 0:
+            raise ValueError(f"bucket_mb={bucket_mb}: must be positive")
+        self.buckets: list[_Bucket] = []
+        owner: dict[torch.nn.Parameter, int] = {}
+        cap = bucket_mb * 2**20
+        for _, flat_grad, params in flat.grad_segments():
+            group: list[torch.nn.Parameter] = []
+            for param in params:
+                group.append(param)
+                if sum(p.numel() for p in group) * flat_grad.element_size() >= cap:
+                    owner.update((p, len(self.buckets)) for p in group)
+                    self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
+                    group = []
+            if group:
+                owner.update((p, len(self.buckets)) for p in group)
+                self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
+        self._owner = owner
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in owner]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._waiting = [b.count for b in self.buckets]
+        self._next = 0
+        self._works: list = []
+
+    def _on_gradient(self, param: torch.nn.Parameter) -> None:
+        self._waiting[self._owner[param]] -= 1
+        while self._next < len(self.buckets) and self._waiting[self._next] <= 0:
+            self._launch()
+
+    def _launch(self) -> None:
+        bucket = self.buckets[self._next]
+        self._next += 1
+        if bucket.shadow is None:
+            self._works.append((bucket, self.comm.all_reduce(bucket.view, op="avg", async_op=True)))
+        else:
+            bucket.shadow.copy_(bucket.view)
+            self._works.append((bucket, self.comm.all_reduce(bucket.shadow, op="avg", async_op=True)))
+
+    def after_backward(self) -> None:
+        while self._next < len(self.buckets):
+            self._launch()
+        for bucket, work in self._works:
+            work.wait()
+            if bucket.shadow is not None:
+                bucket.view.copy_(bucket.shadow)
+        self._reset()
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
 
 
 class ParameterAveraging(Synchroniser):

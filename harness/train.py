@@ -18,7 +18,7 @@ import torch
 from .checkpoint import load_checkpoint, save_checkpoint
 from .flat import FlatParameters
 from .optim import build_optimizer
-from .sync import GradientAveraging, ParameterAveraging
+from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
 
@@ -79,6 +79,15 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, config: d
     return loss, correct, count
 
 
+def make_synchroniser(config: dict, comm: Any, flat: FlatParameters, optimizer: torch.optim.Optimizer) -> Synchroniser:
+    if config["mode"] == "param":
+        return ParameterAveraging(comm, flat, config["avg_every"], optimizer if config["avg_optimizer_state"] else None)
+    if config["grad_sync"] == "flat":
+        return GradientAveraging(comm, flat)
+    reduce_dtype = torch.bfloat16 if config["reduce_dtype"] == "bf16" else None
+    return BucketedGradientAveraging(comm, flat, config["bucket_mb"], reduce_dtype)
+
+
 def train_worker(ctx: Any, config: dict) -> dict:
     """Runs in every child. Returns a summary with the final parameter checksum."""
     from datasets.sharding import shard_indices
@@ -100,11 +109,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         epoch, step = state["epoch"], state["step"]
-    if config["mode"] == "grad":
-        sync = GradientAveraging(comm, flat)
-    else:
-        sync = ParameterAveraging(comm, flat, config["avg_every"],
-                                  optimizer if config["avg_optimizer_state"] else None)
+    sync = make_synchroniser(config, comm, flat, optimizer)
     sync.start()
 
     batch, rank, world = config["batch_size"], ctx.rank, ctx.world_size

@@ -2,6 +2,8 @@
 
 * join/yield round trip with N children: the parent joins, every child yields back (median).
 * throughput: send a SIZE MiB numpy array to each of N children and receive it back.
+* for reference, the floor of the transport: bare pyzmq ROUTER/DEALER over ipc doing the same
+  join/yield round trip with no signing, no pickling and no supervision.
 
     python scripts/bench_control.py [--children 4] [--mib 256] [--rounds 200] [--json out.json]
 """
@@ -33,6 +35,42 @@ def pipe_child(conn, rounds, transfers):
         conn.send(None)
     for _ in range(transfers):
         conn.send(conn.recv())
+
+
+def zmq_child(endpoint, rank, rounds):
+    import zmq
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.IDENTITY, str(rank).encode())
+    socket.connect(endpoint)
+    socket.send(b"hello")
+    for _ in range(rounds + 1):
+        socket.recv()
+        socket.send(b"yield")
+
+
+def time_bare_zmq(n, rounds):
+    import tempfile
+    import zmq
+    endpoint = f"ipc://{tempfile.mkdtemp()}/bench"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(endpoint)
+    procs = [mp.get_context("spawn").Process(target=zmq_child, args=(endpoint, r, rounds)) for r in range(n)]
+    for proc in procs:
+        proc.start()
+    for _ in range(n):
+        router.recv_multipart()
+    latencies = []
+    for _ in range(rounds + 1):
+        start = time.perf_counter()
+        for r in range(n):
+            router.send_multipart([str(r).encode(), b"join"])
+        for _ in range(n):
+            router.recv_multipart()
+        latencies.append(time.perf_counter() - start)
+    for proc in procs:
+        proc.join()
+    router.close()
+    return statistics.median(latencies[1:])
 
 
 def time_harness(n, rounds, arrays):
@@ -106,6 +144,7 @@ def main() -> None:
         latency, seconds = run(args.children, args.rounds, arrays)
         results[name] = {"join_yield_median_us": latency * 1e6, "transfer_median_s": statistics.median(seconds),
                          "throughput_GBps": moved / statistics.median(seconds) / 1e9}
+    results["bare pyzmq (reference)"] = {"join_yield_median_us": time_bare_zmq(args.children, args.rounds) * 1e6}
     results["ratio"] = {
         "latency (multiprocessing / harness)": results["multiprocessing"]["join_yield_median_us"]
         / results["harness"]["join_yield_median_us"],
@@ -120,6 +159,8 @@ def main() -> None:
         r = results[name]
         print(f"{name:17}{r['join_yield_median_us']:>17.1f} us{r['transfer_median_s']:>17.3f} s "
               f"({r['throughput_GBps']:.2f} GB/s)")
+    print(f"{'bare pyzmq':17}{results['bare pyzmq (reference)']['join_yield_median_us']:>17.1f} us"
+          "   (transport floor: no signing, pickling or supervision)")
     for label, value in results["ratio"].items():
         print(f"ratio {label}: {value:.2f}")
     if args.json:
