@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--resume", default=None, help="checkpoint to continue from, exactly where it stopped")
     a("--seed", type=int, default=0)
     a("--amp", choices=("bf16",), default=None, help="bf16 autocast")
+    a("--cuda-graph", action="store_true",
+      help="GPU: capture the whole step (forward, backward, all-reduce, optimizer) in a CUDA graph and replay "
+           "it; its 3 warm-up updates use the first batch. Falls back to eager, with a message, if capture fails")
     a("--log-dir", default="runs", help="metrics.jsonl and metrics.png go here (default runs/)")
     a("--heartbeat-timeout", type=float, default=30.0, help="seconds of silence before a worker counts as hung")
     return p.parse_args(argv)
@@ -108,7 +111,7 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "batch_size": args.batch_size, "epochs": args.epochs, "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
         "save": args.save or None, "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
-        "amp": args.amp, "log_dir": args.log_dir, "workers": len(gpus) or args.cpu_workers,
+        "amp": args.amp, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir, "workers": len(gpus) or args.cpu_workers,
     }
     _check_data_and_model(config)
     if config["save"]:

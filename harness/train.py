@@ -18,6 +18,7 @@ import torch
 from .checkpoint import load_checkpoint, save_checkpoint
 from .flat import FlatParameters
 from .optim import build_optimizer
+from .step import make_step
 from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
@@ -140,6 +141,10 @@ def train_worker(ctx: Any, config: dict) -> dict:
             ctx.send({"event": "validation", "epoch": epoch, "step": step, "val_error": error})
         return error
 
+    first = shard_indices(len(train), rank, world, epoch, config["seed"])[:batch].to(x_train.device)
+    train_step = make_step(model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
+                           config["cuda_graph"], example=(x_train[first].to(device), y_train[first].to(device)),
+                           say=lambda message: ctx.print(message) if lead else None)
     model.train()
     while epoch < config["epochs"] and stop is None:
         order = shard_indices(len(train), rank, world, epoch, config["seed"]).to(x_train.device)
@@ -149,16 +154,11 @@ def train_worker(ctx: Any, config: dict) -> dict:
             idx = order[i * batch:(i + 1) * batch]
             xb = x_train[idx].to(device, non_blocking=True)
             yb = y_train[idx].to(device, non_blocking=True)
-            with autocast(config, device):
-                loss = loss_fn(model(xb), yb)
-            flat.zero_grad()
-            loss.backward()
-            sync.after_backward()
-            optimizer.step()
+            loss = train_step(xb, yb)
             step += 1
             done += 1
             sync.after_step(step)
-            loss_sum += loss.detach().double()
+            loss_sum += loss.double()
             if lead and time.monotonic() - last_report >= REPORT_EVERY_S:
                 last_report = time.monotonic()
                 ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(),

@@ -75,8 +75,9 @@ class NcclCommunicator(Communicator):
         self._side.wait_stream(self._stream or torch.cuda.current_stream())
         self._now = self._side.cuda_stream
         launch()
-        for t in tensors:
-            t.record_stream(self._side)
+        if not torch.cuda.is_current_stream_capturing():     # a graph's memory pool outlives its replays
+            for t in tensors:
+                t.record_stream(self._side)
         done = torch.cuda.Event()
         done.record(self._side)
         return Work(lambda: torch.cuda.current_stream().wait_event(done))
