@@ -1,0 +1,313 @@
+"""This harness against PyTorch DDP on the same GPUs, model, per-GPU batch, dtype and optimizer.
+
+For each model and GPU count, one group of worker processes (one per GPU) runs every variant in
+turn, each from a freshly built model: 1 GPU alone (rank 0 only); N independent processes (no
+communication: the ceiling); DDP (NCCL, gradient_as_bucket_view=True, static_graph=True); this
+harness in grad mode (bucketed, overlapped), with and without --cuda-graph; and in param mode with
+--avg-every 8. Step time is the median over timed windows after warm-up (CUDA-synchronised wall
+clock around each window). Time to first step is measured from the command: `python` running the
+harness against `torchrun` running DDP, each to the end of rank 0's first step.
+
+    python scripts/bench_vs_ddp.py --gpus 2 4 --models mlp resnet50 gpt2-124m --out bench/results/vs-ddp
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELS = {   # name: (registry model, model options, DataInfo args, per-GPU batch, bf16, channels_last)
+    "mlp": ("mlp", {"hidden": [512, 512]}, ("image", (1, 28, 28), 10), 128, False, False),
+    "resnet50": ("resnet50", {}, ("image", (3, 224, 224), 1000), 128, True, True),
+    "gpt2-124m": ("gpt", {"size": "124m"}, ("tokens", (1024,), 50257), 16, True, False),
+}
+VARIANTS = ("single", "independent", "ddp", "harness", "harness+graph", "harness-param8")
+
+
+def spec_for(name: str) -> dict:
+    if name in MODELS:
+        model, options, info, batch, bf16, channels_last = MODELS[name]
+    else:            # any registry model, on small synthetic images
+        model, options, info, batch, bf16, channels_last = name, {}, ("image", (3, 32, 32), 10), 128, False, False
+    return {"name": name, "model": model, "options": options, "info": info, "batch": batch, "bf16": bf16,
+            "channels_last": channels_last}
+
+
+def build(spec: dict, seed: int = 0):
+    import torch
+    from datasets import DataInfo
+    from models import build_model
+    torch.manual_seed(seed)
+    kind, shape, classes = spec["info"]
+    info = DataInfo(kind, tuple(shape), classes)
+    model = build_model(spec["model"], info, **spec["options"]).cuda()
+    if spec["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
+    if kind == "tokens":
+        x = torch.randint(0, classes, (spec["batch"], *shape), device="cuda")
+        y = torch.randint(0, classes, (spec["batch"], *shape), device="cuda")
+    else:
+        x = torch.randn(spec["batch"], *shape, device="cuda")
+        if spec["channels_last"]:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, classes, (spec["batch"],), device="cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, optimizer, x, y
+
+
+def autocast_for(spec: dict):
+    import contextlib
+    import torch
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if spec["bf16"] else contextlib.nullcontext
+
+
+def make_variant(variant: str, spec: dict, comm):
+    """A step function for one variant, plus its model (kept alive while timing)."""
+    import torch
+    from harness.flat import FlatParameters
+    from harness.step import TrainStep, make_step
+    from harness.sync import BucketedGradientAveraging, ParameterAveraging, Synchroniser
+    from models import loss_fn
+    model, optimizer, x, y = build(spec)
+    autocast = autocast_for(spec)
+    if variant == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        ddp = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True, static_graph=True)
+
+        def step():
+            with autocast():
+                loss = loss_fn(ddp(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return step, ddp
+    flat = FlatParameters(model)
+    if variant in ("single", "independent"):
+        sync = Synchroniser(comm, flat)
+    elif variant == "harness-param8":
+        sync = ParameterAveraging(comm, flat, every=8)
+    else:
+        sync = BucketedGradientAveraging(comm, flat)
+    if variant == "harness+graph":
+        train_step = make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph=True, example=(x, y))
+    else:
+        train_step = TrainStep(model, optimizer, flat, sync, loss_fn, autocast)
+    counter = [0]
+
+    def step():
+        train_step(x, y)
+        counter[0] += 1
+        sync.after_step(counter[0])
+    return step, (model, train_step)
+
+
+def time_steps(step, warmup: int, windows: int, per_window: int) -> float:
+    import torch
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(windows):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(per_window):
+            step()
+        torch.cuda.synchronize()
+        seconds.append((time.perf_counter() - start) / per_window)
+    return statistics.median(seconds)
+
+
+def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(0)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    comm = ctx.communicator()
+    port = ctx.exchange("ddp-store", _free_port() if ctx.rank == 0 else None)[0]
+    store = dist.TCPStore("127.0.0.1", port, ctx.world_size, ctx.rank == 0, datetime.timedelta(seconds=300))
+    dist.init_process_group("nccl", store=store, rank=ctx.rank, world_size=ctx.world_size,
+                            device_id=torch.device("cuda", 0))
+    results: dict = {}
+    for spec in specs:
+        for variant in variants:
+            comm.barrier()
+            if variant == "single" and ctx.rank != 0:
+                comm.barrier()
+                continue
+            step, keep = make_variant(variant, spec, comm)
+            seconds = time_steps(step, warmup, windows, per_window)
+            results[f"{spec['name']}/{variant}"] = seconds
+            del step, keep
+            torch.cuda.empty_cache()
+            if variant == "single":
+                comm.barrier()
+    dist.destroy_process_group()
+    return results
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- time to first step ------------------------------------------------------------------------
+
+def first_step(spec: dict, comm=None) -> None:
+    """Build, wrap and run one step; rank 0 prints when it is done (wall clock)."""
+    import torch
+    from harness.flat import FlatParameters
+    from harness.step import TrainStep
+    from harness.sync import BucketedGradientAveraging
+    from models import loss_fn
+    model, optimizer, x, y = build(spec)
+    autocast = autocast_for(spec)
+    if comm is None:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()],
+                                        gradient_as_bucket_view=True, static_graph=True)
+        with autocast():
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        if dist.get_rank() == 0:
+            print(f"FIRST_STEP {time.time()}", flush=True)
+        dist.destroy_process_group()
+        return
+    flat = FlatParameters(model)
+    TrainStep(model, optimizer, flat, BucketedGradientAveraging(comm, flat), loss_fn, autocast)(x, y)
+    torch.cuda.synchronize()
+
+
+def harness_first_step(ctx, spec: dict) -> float:
+    first_step(spec, ctx.communicator())
+    return time.time()
+
+
+def run_first_step(kind: str, spec: dict, n: int) -> None:
+    """Entry point of the timed command (--first-step-run)."""
+    if kind == "ddp":
+        import torch
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        first_step(spec)
+        return
+    from harness import Parent
+    with Parent() as parent:
+        kids = parent.fork(n, gpus=list(range(n)))
+        kids.exec(harness_first_step, spec)
+        print(f"FIRST_STEP {kids.wait()[0]}", flush=True)
+
+
+def time_to_first_step(kind: str, spec_name: str, n: int) -> float:
+    me = [str(Path(__file__).resolve()), "--first-step-run", kind, "--models", spec_name, "--gpus", str(n)]
+    command = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *me]
+               if kind == "ddp" else [sys.executable, *me])
+    start = time.time()
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    stamps = [float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("FIRST_STEP ")]
+    if out.returncode != 0 or not stamps:
+        raise RuntimeError(f"{kind} first-step run failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return stamps[0] - start
+
+
+# -- report --------------------------------------------------------------------------------------
+
+def table(results: dict, specs: list[dict], n: int) -> list[dict]:
+    rows = []
+    for spec in specs:
+        name = spec["name"]
+        ddp = results[f"{name}/ddp"]
+        ceiling = results[f"{name}/independent"]
+        for variant in VARIANTS:
+            if f"{name}/{variant}" not in results:
+                continue
+            seconds = results[f"{name}/{variant}"]
+            gpus = 1 if variant == "single" else n
+            rows.append({"model": name, "gpus": n, "variant": variant, "step_ms": seconds * 1e3,
+                         "samples_per_s": spec["batch"] * gpus / seconds,
+                         "scaling_efficiency": results[f"{name}/single"] / seconds if variant != "single" else 1.0,
+                         "of_ceiling": ceiling / seconds, "vs_ddp": ddp / seconds})
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'model':10} {'GPUs':>4} {'variant':15} {'step ms':>8} {'samples/s':>10} {'scaling':>8} "
+          f"{'of ceiling':>10} {'vs DDP':>7}")
+    for r in rows:
+        print(f"{r['model']:10} {r['gpus']:>4} {r['variant']:15} {r['step_ms']:>8.3f} {r['samples_per_s']:>10.0f} "
+              f"{r['scaling_efficiency']:>8.1%} {r['of_ceiling']:>10.1%} {r['vs_ddp']:>7.2f}")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r["model"], r["gpus"]) for r in rows}, key=lambda g: (g[1], g[0]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 4), squeeze=False)
+    for ax, (model, gpus) in zip(axes[0], groups):
+        mine = [r for r in rows if (r["model"], r["gpus"]) == (model, gpus) and r["variant"] != "single"]
+        ax.bar([r["variant"] for r in mine], [r["vs_ddp"] for r in mine],
+               color=["#999" if r["variant"] in ("independent", "ddp") else "#2a7" for r in mine])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_title(f"{model}, {gpus} GPUs")
+        ax.set_ylabel("throughput / DDP")
+        ax.tick_params(axis="x", rotation=60)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--warmup", type=int, default=15)
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    parser.add_argument("--first-step-model", default="resnet50", help="model for the time-to-first-step race ('' to skip)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--first-step-run", choices=("harness", "ddp"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    specs = [spec_for(m) for m in args.models]
+    if args.first_step_run:
+        run_first_step(args.first_step_run, specs[0], args.gpus[0])
+        return
+    from harness import Parent
+    rows, first = [], {}
+    for n in args.gpus:
+        with Parent() as parent:
+            kids = parent.fork(n, gpus=list(range(n)))
+            kids.exec(bench_worker, specs, list(args.variants), args.warmup, args.windows, args.steps)
+            results = kids.wait()
+        merged = {key: max(r[key] for r in results if key in r) for key in results[0]}   # the slowest rank
+        rows += table(merged, specs, n)
+        print_rows([r for r in rows if r["gpus"] == n])
+        if args.first_step_model:
+            first[n] = {kind: time_to_first_step(kind, args.first_step_model, n) for kind in ("harness", "ddp")}
+            print(f"time to first step, {args.first_step_model} on {n} GPUs: harness {first[n]['harness']:.2f} s, "
+                  f"torchrun + DDP {first[n]['ddp']:.2f} s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat(),
+                  "warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps,
+                  "rows": rows, "time_to_first_step_s": first}
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        plot(rows, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
