@@ -88,18 +88,24 @@ class FlatParameters:
 
 
 def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """Consecutive slices of flat, shaped like params, in order."""
+    """Consecutive slices of flat, shaped like params and laid out like them, in order.
+
+    A slice keeps its parameter's dense memory format (e.g. channels_last conv weights): turning
+    those into contiguous views would make cuDNN convert layouts every step, and autograd
+    accumulate channels_last gradients into mismatched strides."""
     views, offset = [], 0
     for param in params:
-        views.append(flat[offset : offset + param.numel()].view_as(param))
+        strides = torch.empty_like(param, device="meta").stride()     # dense, in param's memory format
+        views.append(flat[offset : offset + param.numel()].as_strided(param.shape, strides))
         offset += param.numel()
     return views
 
 
 def _flatten_params(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """Copy params into one buffer and make each param's .data a view of it (values preserved)."""
-    flat = torch.cat([param.detach().reshape(-1) for param in params])
+    flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     for param, view in zip(params, _views(flat, params)):
+        view.copy_(param.detach())
         param.data = view
     return flat
 

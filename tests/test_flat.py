@@ -192,3 +192,19 @@ def test_fully_frozen_group_gets_no_grad_buffer():
     assert [b.dtype for b in flat.grads] == [torch.float32]
     [(index, buffer, _)] = flat.grad_segments()
     assert index == 0 and buffer is flat.grads[0]
+
+
+def test_channels_last_parameters_and_gradients_keep_their_layout():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 4, 3)).to(memory_format=torch.channels_last)
+    reference = [p.detach().clone() for p in model.parameters()]
+    flat = FlatParameters(model)
+    for param, before in zip(model.parameters(), reference):
+        assert torch.equal(param, before)
+        if param.dim() == 4:
+            assert param.is_contiguous(memory_format=torch.channels_last)
+            assert param.grad.stride() == param.stride()
+    model(torch.randn(2, 3, 10, 10).contiguous(memory_format=torch.channels_last)).sum().backward()
+    weight = model[0].weight
+    assert weight.grad.data_ptr() >= flat.grads[0].data_ptr() and weight.grad.abs().sum() > 0
+    assert flat.rebind_grads() == 0
