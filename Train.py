@@ -164,6 +164,7 @@ class Progress:
             self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.config['epochs']}")
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
         elif event == "epoch":
+            self.bar.set_description(f"epoch {record['epoch']}/{self.config['epochs']}")
             val = record["val_error"]
             self.bar.write(f"Epoch {record['epoch']}/{self.config['epochs']}: average loss per sample "
                            f"{record['train_loss']:.4f}"
