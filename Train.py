@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     """Check every input that can be checked before starting workers; returns (config, gpus)."""
     from datasets import dataset_names
-    from models import MODELS, build_model  # noqa: F401  (import errors surface here, not in a worker)
+    from models import MODELS
 
     def json_option(name: str, text: str) -> dict:
         try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import Parent  # noqa: E402
+from harness.comm.store import init_torch_distributed  # noqa: E402
 from harness.placement import resolve_gpus  # noqa: E402
 
 SIZES = [4 << 10 << 2 * i for i in range(10)]          # 4 KiB, 16 KiB, ... 1 GiB
@@ -26,10 +27,7 @@ def measure(ctx, sizes, repeats):
     import torch.distributed as dist
     torch.cuda.set_device(0)
     comm = ctx.communicator()
-    port = ctx.exchange("bench-store", _free_port() if ctx.rank == 0 else None)[0]
-    store = dist.TCPStore("127.0.0.1", port, ctx.world_size, ctx.rank == 0, datetime.timedelta(seconds=120))
-    dist.init_process_group("nccl", store=store, rank=ctx.rank, world_size=ctx.world_size,
-                            device_id=torch.device("cuda", 0))
+    init_torch_distributed(ctx, "nccl")
     paths = {"harness": lambda t: comm.all_reduce(t), "torch.distributed": lambda t: dist.all_reduce(t)}
     results = {name: {} for name in paths}
     for nbytes in sizes:
@@ -54,13 +52,6 @@ def measure(ctx, sizes, repeats):
                                      "busbw_GBps": 2 * (ctx.world_size - 1) / ctx.world_size * nbytes / seconds / 1e9}
     dist.destroy_process_group()
     return results
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def plot(results, n, path):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from harness.comm.store import init_torch_distributed  # noqa: E402
 
 MODELS = {   # name: (registry model, model options, DataInfo args, per-GPU batch, bf16, channels_last)
     "mlp": ("mlp", {"hidden": [512, 512]}, ("image", (1, 28, 28), 10), 128, False, False),
@@ -72,7 +73,6 @@ def autocast_for(spec: dict):
 
 def make_variant(variant: str, spec: dict, comm):
     """A step function for one variant, plus its model (kept alive while timing)."""
-    import torch
     from harness.flat import FlatParameters
     from harness.step import TrainStep, make_step
     from harness.sync import BucketedGradientAveraging, ParameterAveraging, Synchroniser
@@ -132,10 +132,7 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     comm = ctx.communicator()
-    port = ctx.exchange("ddp-store", _free_port() if ctx.rank == 0 else None)[0]
-    store = dist.TCPStore("127.0.0.1", port, ctx.world_size, ctx.rank == 0, datetime.timedelta(seconds=300))
-    dist.init_process_group("nccl", store=store, rank=ctx.rank, world_size=ctx.world_size,
-                            device_id=torch.device("cuda", 0))
+    init_torch_distributed(ctx, "nccl")
     results: dict = {}
     for spec in specs:
         for variant in variants:
@@ -152,13 +149,6 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
                 comm.barrier()
     dist.destroy_process_group()
     return results
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- time to first step ------------------------------------------------------------------------

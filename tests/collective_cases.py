@@ -3,8 +3,16 @@
 ``make_inputs`` draws fresh random data per rank in the parent; ``run_matrix`` runs in every child
 and returns what each collective produced; ``check_matrix`` compares it with float64 numpy.
 """
+import os
+import signal
+import time
+
 import numpy as np
+import pytest
 import torch
+
+from conftest import wait_gone
+from harness import ChildFailed, Parent
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8]
 OPS = ["sum", "avg", "max", "min", "prod"]
@@ -103,3 +111,28 @@ def check_matrix(inputs: dict, results: list[dict]) -> int:
             assert error <= tolerance, f"rank {rank} {name} {mode} {dtype} {op}: rel. error {error:.2e}"
             checked += 1
     return checked
+
+
+def _die_mid_collective(ctx, victim: int) -> None:
+    comm = ctx.communicator()
+    t = torch.ones(1 << 20, device=ctx.device)
+    for step in range(1000):
+        comm.all_reduce(t)
+        if t.is_cuda:
+            torch.cuda.synchronize()
+        if step == 1 and ctx.rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def assert_dead_peer_raises_childfailed(n: int, gpus, victim: int) -> None:
+    """A rank dies between collectives; the survivors' collectives must not hang the run."""
+    with Parent() as parent:
+        kids = parent.fork(n, gpus=gpus)
+        pids = kids.pids
+        kids.exec(_die_mid_collective, victim)
+        start = time.monotonic()
+        with pytest.raises(ChildFailed) as info:
+            kids.wait()
+        assert time.monotonic() - start < 20
+        assert info.value.rank == victim and "SIGKILL" in str(info.value)
+    assert wait_gone(pids, 10) == []

@@ -4,8 +4,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:          # models/ and datasets/ are used from the checkout
     sys.path.insert(0, str(ROOT))

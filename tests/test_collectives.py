@@ -1,15 +1,13 @@
 """Collectives on CPU children (gloo): the full matrix, bad input, and a peer dying mid-collective."""
 import os
-import signal
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from collective_cases import check_matrix, make_inputs, run_matrix
-from conftest import wait_gone
-from harness import ChildError, ChildFailed, Parent
+from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
+from harness import ChildError, Parent
 
 
 @pytest.fixture(scope="module")
@@ -92,23 +90,18 @@ def test_bad_input_on_one_rank_does_not_leave_the_others_hanging():
 
 
 def test_peer_dying_mid_collective_raises_childfailed_quickly():
-    def work(ctx):
-        import os
-        comm = ctx.communicator()
-        t = torch.ones(1 << 16)
-        comm.all_reduce(t)
-        if ctx.rank == 2:
-            os.kill(os.getpid(), 9)
-        for _ in range(100):
-            comm.all_reduce(t)
+    assert_dead_peer_raises_childfailed(3, None, victim=2)
 
-    with Parent() as parent:
-        kids = parent.fork(3)
-        pids = kids.pids
-        kids.exec(work)
-        start = time.monotonic()
-        with pytest.raises(ChildFailed) as info:
-            kids.wait()
-        assert time.monotonic() - start < 20
-        assert info.value.rank == 2 and "SIGKILL" in str(info.value)
-    assert wait_gone(pids, 5) == []
+
+def test_torch_distributed_can_be_joined_through_the_control_plane(pair):
+    def work(ctx):
+        import torch.distributed as dist
+        from harness.comm.store import init_torch_distributed
+        init_torch_distributed(ctx, "gloo")
+        t = torch.full((3,), float(ctx.rank + 1))
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        return t.tolist()
+
+    pair.exec(work)
+    assert pair.wait() == [[3.0] * 3] * 2

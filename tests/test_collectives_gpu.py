@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from collective_cases import check_matrix, make_inputs, run_matrix
-from conftest import has_gpus, wait_gone
-from harness import ChildError, ChildFailed, Parent
+from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
+from conftest import has_gpus
+from harness import ChildError, Parent
 
 pytestmark = pytest.mark.gpu
 
@@ -75,26 +75,4 @@ def test_failing_rank_releases_nccl_peers():
 
 def test_peer_dying_mid_nccl_collective_raises_childfailed_quickly():
     _need(2)
-
-    def work(ctx):
-        import os
-        comm = ctx.communicator()
-        t = torch.ones(1 << 20, device="cuda")
-        comm.all_reduce(t)
-        torch.cuda.synchronize()
-        if ctx.rank == 1:
-            os.kill(os.getpid(), 9)
-        for _ in range(1000):
-            comm.all_reduce(t)
-        torch.cuda.synchronize()
-
-    with Parent() as parent:
-        kids = parent.fork(2, gpus=[0, 1])
-        pids = kids.pids
-        kids.exec(work)
-        start = time.monotonic()
-        with pytest.raises(ChildFailed) as info:
-            kids.wait()
-        assert time.monotonic() - start < 20
-        assert info.value.rank == 1
-    assert wait_gone(pids, 10) == []
+    assert_dead_peer_raises_childfailed(2, [0, 1], victim=1)

@@ -1,8 +1,7 @@
 """gloo through torch.distributed, for CPU children.
 
-Rank 0 opens a TCPStore on a free loopback port and the port is handed to the other ranks over
-the control plane, as the NCCL unique id is. Gloo cannot average, so "avg" is a sum then a
-division. A gloo collective blocked on a live peer cannot be interrupted (abort() does not close
+The ranks meet through a TCPStore that rank 0 serves on a free loopback port (comm/store.py).
+Gloo cannot average, so "avg" is a sum then a division. A gloo collective blocked on a live peer cannot be interrupted (abort() does not close
 its sockets; only the peer's death does), so when the parent reports a failed peer while a
 collective is in flight, this process ends itself after ABORT_GRACE seconds instead of waiting
 out gloo's timeout: the run is already lost, and the parent has already named the cause.
@@ -20,11 +19,11 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, ReduceOp
 
 from .base import Communicator, Work
+from .store import open_store
 
 ABORT_GRACE = 2.0
 _OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN,
         "prod": ReduceOp.PRODUCT}
-_serial = iter(range(1 << 62))
 
 
 class GlooCommunicator(Communicator):
@@ -33,14 +32,8 @@ class GlooCommunicator(Communicator):
 
     def __init__(self, ctx: Any, timeout: float = 1800.0, host: str = "127.0.0.1"):
         super().__init__(ctx.rank, ctx.world_size)
-        tag = f"gloo-{next(_serial)}"
         delta = datetime.timedelta(seconds=timeout)
-        if self.rank == 0:
-            self._store = dist.TCPStore(host, 0, self.size, True, delta, wait_for_workers=False)
-            port = ctx.exchange(tag, self._store.port)[0]
-        else:
-            port = ctx.exchange(tag, None)[0]
-            self._store = dist.TCPStore(host, port, self.size, False, delta)
+        self._store = open_store(ctx, timeout, host)
         options = ProcessGroupGloo._Options()
         options._devices = [ProcessGroupGloo.create_device(hostname=host)]
         options._timeout = delta

@@ -23,14 +23,13 @@ from .base import Communicator, Work
 _serial = itertools.count()
 
 
-def _current_raw_stream() -> int:
-    """The current stream's cudaStream_t. torch.cuda.current_stream() builds a Python Stream
-    object each call (microseconds, on a path whose budget is ~20 us); this reads the handle."""
-    return torch._C._cuda_getCurrentRawStream(0)
-
-
-if not hasattr(torch._C, "_cuda_getCurrentRawStream"):      # older or CPU-only builds
-    def _current_raw_stream() -> int:  # noqa: F811
+# The current stream's cudaStream_t. torch.cuda.current_stream() builds a Python Stream object
+# each call (microseconds, on a path whose budget is ~20 us); reading the raw handle does not.
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    def _current_raw_stream() -> int:
+        return torch._C._cuda_getCurrentRawStream(0)
+else:                                                        # older or CPU-only builds
+    def _current_raw_stream() -> int:
         return torch.cuda.current_stream().cuda_stream
 
 

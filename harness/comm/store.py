@@ -1,0 +1,36 @@
+"""Rendezvous for torch.distributed, through the control plane.
+
+Rank 0 serves a TCPStore on a free loopback port (port 0: the OS picks, so there is no race
+between choosing and binding) and the port reaches the other ranks over ZeroMQ, as the NCCL
+unique id does. gloo communicators use it, and so can users who want torch.distributed itself
+(DDP, say) inside harness children.
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_serial = itertools.count()
+
+
+def open_store(ctx: Any, timeout: float = 1800.0, host: str = "127.0.0.1") -> dist.TCPStore:
+    """Collective call on every child: a TCPStore shared by the whole group."""
+    tag = f"store-{next(_serial)}"
+    delta = datetime.timedelta(seconds=timeout)
+    if ctx.rank == 0:
+        store = dist.TCPStore(host, 0, ctx.world_size, True, delta, wait_for_workers=False)
+        ctx.exchange(tag, store.port)
+        return store
+    port = ctx.exchange(tag, None)[0]
+    return dist.TCPStore(host, port, ctx.world_size, False, delta)
+
+
+def init_torch_distributed(ctx: Any, backend: str = "nccl", timeout: float = 1800.0) -> None:
+    """Collective call on every child: join torch.distributed's default process group."""
+    device = torch.device("cuda", 0) if backend == "nccl" else None
+    dist.init_process_group(backend, store=open_store(ctx, timeout), rank=ctx.rank, world_size=ctx.world_size,
+                            timeout=datetime.timedelta(seconds=timeout), device_id=device)
