@@ -9,7 +9,9 @@ Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), 
 ("exchange", tag, values), ("abort", id, reason), ("stop", None, None).
 Child -> parent: ("hello", None, pid), ("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, value), ("result", id, value),
-("error", id, traceback_text).
+("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
+rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
+Either side turns an authentic message it cannot decode into an error for the current exec.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ class Context:
         self._owned: list[Any] = []          # closed when the current function returns
         self._exec_id: int | None = None
         self._aborted: str | None = None
+        self._aborts: dict[int, str] = {}      # exec id -> reason; an abort may overtake its exec
+        self._tags: dict[str, int] = {}
         self._stopping = False
         self._last_heartbeat = 0.0
         self._parent_pid = int(os.environ.get("HARNESS_PARENT_PID", os.getppid()))
@@ -74,8 +78,16 @@ class Context:
     def exchange(self, tag: str, value: Any) -> list:
         """All-gather through the parent: every child calls it with the same tag; returns the values
         in rank order. Collectives use it to hand out the NCCL unique id and gloo's address."""
+        tag = f"{self._exec_id}/{tag}"
         self._link.send(("exchange", tag, value))
         return self._link.wait_for(lambda: self._check_abort() or self._exchanges.pop(tag, None))
+
+    def unique_tag(self, prefix: str) -> str:
+        """prefix-0, prefix-1, ... counted afresh in each exec, so every rank that calls this in the
+        same order gets the same tag, even after an earlier exec failed half-way on some rank."""
+        count = self._tags.get(prefix, 0)
+        self._tags[prefix] = count + 1
+        return f"{prefix}-{count}"
 
     def on_abort(self, hook: Callable[[str], None]) -> Callable[[], None]:
         """Call ``hook(reason)`` (from the housekeeping thread) when a peer fails; returns a remover."""
@@ -116,14 +128,21 @@ class Context:
         if kind == "exchange":
             self._exchanges[ident] = payload
         elif kind == "abort":
+            self._aborts.setdefault(ident, payload)
             if ident == self._exec_id and self._aborted is None:
-                self._aborted = payload
-                for hook in list(self._abort_hooks):
-                    hook(payload)
+                self._abort(payload)
         elif kind == "stop":
             self._stopping = True
+        elif kind == "undecodable":
+            self._link.send(("error", self._exec_id, "this child could not decode a message from the parent:\n"
+                             + payload))
         else:
             self._inbox[kind].append((ident, payload) if kind == "exec" else payload)
+
+    def _abort(self, reason: str) -> None:
+        self._aborted = reason
+        for hook in list(self._abort_hooks):
+            hook(reason)
 
     def housekeeping(self) -> None:
         if os.getppid() != self._parent_pid:
@@ -147,16 +166,27 @@ class Context:
 
     def _run(self, exec_id: int, call: tuple) -> None:
         fn, args, kwargs = call
-        self._exec_id, self._aborted = exec_id, None
+        self._exec_id, self._aborted, self._tags = exec_id, self._aborts.pop(exec_id, None), {}
+        self._inbox["join"].clear()
         try:
             outcome = ("result", fn(self, *args, **kwargs))
         except BaseException:
             outcome = ("error", traceback.format_exc())
-        self._release()
+        if outcome[0] == "error":
+            self._abort_owned()      # a collective of ours may be in flight: never wait on it
         try:
             self._link.send((outcome[0], exec_id, outcome[1]))
         except Exception:
             self._link.send(("error", exec_id, "the return value could not be sent back:\n" + traceback.format_exc()))
+        self._release()
+
+    def _abort_owned(self) -> None:
+        for resource in self._owned:
+            if hasattr(resource, "abort"):
+                try:
+                    resource.abort("the function on this rank raised")
+                except Exception:
+                    traceback.print_exc()
 
     def _release(self) -> None:
         while self._owned:

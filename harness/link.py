@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from typing import Any, Callable, TypeVar
 
 import zmq
@@ -82,6 +83,10 @@ class Link:
         except wire.BadSignature as error:
             log.warning("dropped a frame set from %r: %s (not unpickled)", sender, error)
             return
+        except Exception:
+            # Authentic but undecodable (say, a class the receiver cannot import). Whoever waits
+            # for it must hear so, or it would wait forever.
+            obj = ("undecodable", None, traceback.format_exc())
         self._dispatch(sender, obj)
 
     def wait_for(self, ready: Callable[[], T | None], deadline: float | None = None) -> T | None:

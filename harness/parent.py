@@ -142,8 +142,11 @@ class Children:
         """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once."""
         self._raise_if_failed()
         self._exec_id = next(self._exec_ids)
+        self._exchanges.clear()
         for child in self._children:
             child.outcome = None
+            for box in child.inbox.values():
+                box.clear()
         self._send_all([(c.rank, ("exec", self._exec_id, (fn, args, kwargs))) for c in self._children], raw=True)
 
     def join(self, msg: Any = None) -> list:
@@ -200,13 +203,30 @@ class Children:
         trackers = []
         for rank, obj in items:
             message = obj if raw else ("data", self._exec_id, obj)
-            trackers.append(self._link.send(message, to=_identity(rank)))
+            try:
+                trackers.append(self._link.send(message, to=_identity(rank)))
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._link.wait_for(lambda: self._check() or self._find_deaths() or self._failure,
+                                    time.monotonic() + 5.0)
+                self._raise_if_failed()
+                raise ChildFailed(rank, "is not connected (its socket is gone)") from None
         for tracker in filter(None, trackers):
             self._link.wait_for(lambda: self._check() or (tracker.done or None))
 
     def _take(self, box: str, ranks: Sequence[int] | None = None) -> list:
         children = [self._children[r] for r in ranks] if ranks is not None else self._children
-        self._link.wait_for(lambda: self._check() or (all(c.inbox[box] for c in children) or None))
+
+        def ready():
+            self._check()
+            for child in children:
+                if not child.inbox[box] and child.outcome is not None:   # it returned: nothing more will come
+                    what = "yield_" if box == "yield" else "send"
+                    raise RuntimeError(f"child {child.rank}'s function returned without calling ctx.{what}() "
+                                       f"(or not as often as the parent waits for it); nothing will arrive")
+            return all(c.inbox[box] for c in children) or None
+        self._link.wait_for(ready)
         return [c.inbox[box].popleft() for c in children]
 
     def _check(self) -> None:
@@ -218,9 +238,7 @@ class Children:
             if child.outcome and child.outcome[0] == self._exec_id and child.outcome[1] == "error":
                 self._find_deaths()
                 self._raise_if_failed()
-                _, _, text = child.outcome
-                child.outcome = (self._exec_id, "reported", None)
-                raise ChildError(child.rank, text)
+                raise ChildError(child.rank, child.outcome[2])
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -239,14 +257,20 @@ class Children:
             child.connected = True
         elif kind == "print":
             print(f"[{rank}] {payload}", flush=True)
-        elif kind in ("yield", "data"):
+        elif kind in ("yield", "data") and ident == self._exec_id:      # what older execs left is moot
             child.inbox[kind].append(payload)
-        elif kind in ("result", "error") and ident == self._exec_id:     # late outcomes of older execs are moot
+        elif kind == "undecodable":
+            self._record_error(child, "the parent could not decode a message from this child:\n" + payload)
+        elif kind == "error" and ident in (None, self._exec_id):        # None: the exec never decoded
+            self._record_error(child, payload)
+        elif kind == "result" and ident == self._exec_id:
             child.outcome = (ident, kind, payload)
-            if kind == "error":
-                self._abort_others(rank, f"child {rank} raised an exception")
         elif kind == "exchange":
             self._exchange(rank, ident, payload)
+
+    def _record_error(self, child: _Child, text: str) -> None:
+        child.outcome = (self._exec_id, "error", text)
+        self._abort_others(child.rank, f"child {child.rank} raised an exception")
 
     def _exchange(self, rank: int, tag: str, value: Any) -> None:
         values = self._exchanges.setdefault(tag, {})

@@ -135,3 +135,46 @@ def test_usage_errors(kids):
             parent.fork(0)
         with pytest.raises(RuntimeError, match="before exec"):
             parent.fork(1).wait()
+
+
+def test_join_on_a_function_that_returned_raises_instead_of_hanging(kids):
+    kids.exec(lambda ctx: "returned at once")
+    with pytest.raises(RuntimeError, match="returned without calling ctx.yield_"):
+        kids.join()
+    kids.exec(lambda ctx: None)
+    with pytest.raises(RuntimeError, match="without calling ctx.send"):
+        kids[1].receive()
+
+
+class _NeedsTwoArguments(Exception):
+    def __init__(self, a, b):          # pickles as E(a, b)'s args, so unpickling calls E(a) and fails
+        super().__init__(a)
+
+
+def test_an_authentic_but_undecodable_reply_is_an_error_not_a_hang(kids):
+    import time
+    kids.exec(lambda ctx: _NeedsTwoArguments(1, 2) if ctx.rank == 1 else "fine")
+    time.sleep(1.0)                     # let the housekeeping thread be the one that receives it
+    with pytest.raises(ChildError, match="could not decode") as info:
+        kids.wait()
+    assert info.value.rank == 1
+
+
+def test_what_a_failed_exec_left_behind_does_not_leak_into_the_next(kids):
+    def first(ctx):
+        if ctx.rank == 1:
+            raise ValueError("rank 1 fails")
+        if ctx.rank == 0:
+            ctx.yield_("stale value from exec 1")     # released by the abort
+        ctx.exchange("tag", "stale value from exec 1")
+
+    kids.exec(first)
+    with pytest.raises(ChildError, match="rank 1 fails"):
+        kids.wait()
+
+    def second(ctx):
+        return ctx.yield_(ctx.exchange("tag", ctx.rank))
+
+    kids.exec(second)
+    assert kids.join("go") == [[0, 1, 2]] * 3
+    assert kids.wait() == ["go"] * 3

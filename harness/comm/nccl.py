@@ -13,15 +13,11 @@ from the housekeeping thread, so a kernel waiting on a dead peer returns.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable
 
 import torch
 
 from .base import Communicator, Work
-
-_serial = itertools.count()
-
 
 # The current stream's cudaStream_t. torch.cuda.current_stream() builds a Python Stream object
 # each call (microseconds, on a path whose budget is ~20 us); reading the raw handle does not.
@@ -56,7 +52,7 @@ class NcclCommunicator(Communicator):
                         torch.float64: 8, torch.bfloat16: 9}
         self._ops = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
         torch.cuda.set_device(ctx.device)
-        uid = ctx.exchange(f"nccl-id-{next(_serial)}", nccl.get_unique_id() if self.rank == 0 else None)[0]
+        uid = ctx.exchange(ctx.unique_tag("nccl-id"), nccl.get_unique_id() if self.rank == 0 else None)[0]
         self._comm = nccl.NcclCommunicator(self.size, uid, self.rank)
         self._stream = stream
         self._side: torch.cuda.Stream | None = None

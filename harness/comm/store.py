@@ -8,18 +8,14 @@ unique id does. gloo communicators use it, and so can users who want torch.distr
 from __future__ import annotations
 
 import datetime
-import itertools
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-_serial = itertools.count()
-
-
 def open_store(ctx: Any, timeout: float = 1800.0, host: str = "127.0.0.1") -> dist.TCPStore:
     """Collective call on every child: a TCPStore shared by the whole group."""
-    tag = f"store-{next(_serial)}"
+    tag = ctx.unique_tag("store")
     delta = datetime.timedelta(seconds=timeout)
     if ctx.rank == 0:
         store = dist.TCPStore(host, 0, ctx.world_size, True, delta, wait_for_workers=False)
