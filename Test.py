@@ -31,8 +31,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+MAX_CONFUSION_CLASSES = 1000      # beyond this (a language model's vocabulary) count hits only
+
+
 def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
-    """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the test split."""
+    """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the
+    test split, or for very many classes the pair (correct, counted) as a 1 x 2 tensor."""
     from harness.train import autocast, build, load_data
     config = state["config"]
     device = ctx.device if ctx is not None else torch.device("cpu")
@@ -42,14 +46,19 @@ def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
     model.eval()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     classes = test.info.num_classes
-    confusion = torch.zeros(classes, classes, dtype=torch.int64)
+    full = classes <= MAX_CONFUSION_CLASSES
+    confusion = torch.zeros((classes, classes) if full else (1, 2), dtype=torch.int64)
     with torch.no_grad():
         for start in range(rank * batch_size, len(test), world * batch_size):
             x = test.x[start:start + batch_size].to(device)
             y = test.y[start:start + batch_size]
             with autocast(config, device):
                 predicted = model(x).argmax(-1).cpu()
-            confusion += torch.bincount((y * classes + predicted).flatten(), minlength=classes * classes).view(classes, classes)
+            if full:
+                confusion += torch.bincount((y * classes + predicted).flatten(),
+                                            minlength=classes * classes).view(classes, classes)
+            else:
+                confusion += torch.tensor([[(predicted == y).sum().item(), y.numel()]])
     return confusion
 
 
@@ -76,20 +85,25 @@ def examples(state: dict) -> list[dict]:
 
 
 def report(state: dict, confusion: torch.Tensor, shown: list[dict], as_json: bool) -> None:
-    total = int(confusion.sum())
-    accuracy = float(confusion.diag().sum()) / total
-    per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist()
+    if confusion.shape == (1, 2):               # hits only (see MAX_CONFUSION_CLASSES)
+        total, accuracy, per_class, confusion = int(confusion[0, 1]), int(confusion[0, 0]) / int(confusion[0, 1]), [], None
+    else:
+        total = int(confusion.sum())
+        accuracy = float(confusion.diag().sum()) / total
+        per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist()
     if as_json:
         print(json.dumps({"accuracy": accuracy, "samples": total, "per_class_accuracy": per_class,
-                          "confusion_matrix": confusion.tolist(), "examples": shown,
+                          "confusion_matrix": confusion.tolist() if confusion is not None else None,
+                          "examples": shown,
                           "model": state["config"]["model"], "dataset": state["config"]["dataset"],
                           "epoch": state["epoch"], "step": state["step"]}))
         return
     print(f"{state['config']['model']} on {state['config']['dataset']} test split ({total} samples), "
           f"trained {state['epoch']} epochs / {state['step']} updates")
     print(f"accuracy: {accuracy:.4f}")
-    print("per-class accuracy: " + ", ".join(f"{c}: {a:.3f}" for c, a in enumerate(per_class)))
-    if len(confusion) <= 20:
+    if per_class:
+        print("per-class accuracy: " + ", ".join(f"{c}: {a:.3f}" for c, a in enumerate(per_class)))
+    if confusion is not None and len(confusion) <= 20:
         print("confusion matrix (rows: true class, columns: predicted):")
         for row in confusion.tolist():
             print("  " + " ".join(f"{v:4d}" for v in row))
@@ -102,6 +116,10 @@ def report(state: dict, confusion: torch.Tensor, shown: list[dict], as_json: boo
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.batch_size < 1 or args.cpu_workers < 0:
+        print(f"Test.py: error: --batch-size must be at least 1 (got {args.batch_size}) and --cpu-workers "
+              f"at least 0 (got {args.cpu_workers})", file=sys.stderr)
+        return 2
     try:
         state = load_checkpoint(args.checkpoint)
         gpus = resolve_gpus(args.gpus)

@@ -90,6 +90,11 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     for name in ("batch_size", "epochs", "avg_every", "cpu_workers"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("seed", "patience", "validate_every", "save_every", "weight_decay"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
+    if args.heartbeat_timeout <= 0:
+        raise ConfigError(f"--heartbeat-timeout must be a positive number of seconds, got {args.heartbeat_timeout}")
     if args.bucket_mb <= 0:
         raise ConfigError(f"--bucket-mb must be positive, got {args.bucket_mb}")
     if args.lr <= 0:
@@ -124,9 +129,12 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
             saved = load_checkpoint(config["resume"])
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
-        if (saved["config"]["model"], saved["config"]["dataset"]) != (config["model"], config["dataset"]):
-            raise ConfigError(f"--resume {config['resume']} holds a {saved['config']['model']} model on "
-                              f"{saved['config']['dataset']}; pass --model/--dataset to match")
+        shape = ("model", "model_options", "dataset", "dataset_options", "optimizer")
+        differ = [k for k in shape if saved["config"].get(k) != config[k]]
+        if differ:
+            raise ConfigError(f"--resume {config['resume']} was trained with "
+                              + ", ".join(f"--{k.replace('_', '-')} {saved['config'].get(k)!r}" for k in differ)
+                              + "; pass the same values to continue it")
     return config, gpus
 
 

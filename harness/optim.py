@@ -58,6 +58,8 @@ class CCNesterov(torch.optim.Optimizer):
     Weight decay adds weight_decay * x to the gradient (L2, as in torch SGD).
     """
 
+    graph_safe = False   # lambda lives on the host: a CUDA graph would replay its first value forever
+
     def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0) -> None:
         if lr <= 0:
             raise ValueError(f"lr={lr} is invalid; use a learning rate > 0")

@@ -41,6 +41,7 @@ class TrainStep:
 
 class GraphedTrainStep(TrainStep):
     def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor]):
+        """Warm up (real updates, with real collectives, on every rank alike); ``capture`` next."""
         super().__init__(*args)
         self.x, self.y = (t.clone() for t in example)
         side = torch.cuda.Stream()
@@ -50,6 +51,10 @@ class GraphedTrainStep(TrainStep):
                 super().__call__(self.x, self.y)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
+
+    def capture(self) -> None:
+        """Record one step. Nothing runs while recording, collectives included, so a rank whose
+        capture fails has not fallen out of step with the others."""
         with torch.cuda.graph(self.graph):
             self.loss = super().__call__(self.x, self.y)
 
@@ -65,13 +70,25 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
     """A graphed step when asked and possible; otherwise, with a message saying why, an eager one.
     The warm-up steps of a graphed step train too (WARMUP_STEPS updates on ``example``)."""
     args = (model, optimizer, flat, sync, loss_fn, autocast)
-    if cuda_graph:
-        if example is None or example[0].device.type != "cuda":
-            say("--cuda-graph needs GPU workers; running eagerly")
-        else:
-            try:
-                return GraphedTrainStep(*args, example=example)
-            except Exception as error:      # capture refuses some models (host syncs, dynamic shapes)
-                say(f"--cuda-graph: this model could not be captured ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}); running eagerly")
+    if not cuda_graph:
+        return TrainStep(*args)
+    if example is None or example[0].device.type != "cuda":
+        say("--cuda-graph needs GPU workers; running eagerly")
+        return TrainStep(*args)
+    if not getattr(optimizer, "graph_safe", True):
+        say(f"--cuda-graph: {type(optimizer).__name__} keeps host-side state a graph would freeze; running eagerly")
+        return TrainStep(*args)
+    step = GraphedTrainStep(*args, example=example)
+    problem = None
+    try:
+        step.capture()
+    except Exception as error:          # capture refuses some models (host syncs, dynamic shapes)
+        problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    captured = torch.tensor([0 if problem else 1], device=example[0].device)
+    sync.comm.all_reduce(captured, op="min")       # every rank graphed, or none: steps must pair up
+    if captured.item():
+        return step
+    sync.reset()
+    say(f"--cuda-graph: this model could not be captured on every rank ({problem or 'failed on another rank'}); "
+        "running eagerly")
     return TrainStep(*args)

@@ -38,6 +38,9 @@ class Synchroniser:
     def finish(self) -> None:
         """Called before the replicas are compared, evaluated or saved."""
 
+    def reset(self) -> None:
+        """Forget a step that was begun but not finished (an abandoned graph capture)."""
+
 
 class GradientAveraging(Synchroniser):
     def after_backward(self) -> None:
@@ -98,9 +101,9 @@ class BucketedGradientAveraging(GradientAveraging):
                 self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
         self._owner = owner
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in owner]
-        self._reset()
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         self._waiting = [b.count for b in self.buckets]
         self._next = 0
         self._works: list = []
@@ -126,7 +129,7 @@ class BucketedGradientAveraging(GradientAveraging):
             work.wait()
             if bucket.shadow is not None:
                 bucket.view.copy_(bucket.shadow)
-        self._reset()
+        self.reset()
 
     def close(self) -> None:
         for hook in self._hooks:

@@ -124,7 +124,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
         if val is None:
             return None
         sync.finish()
-        mine = shard_indices(len(val), rank, world, 0, config["seed"], shuffle=False)
+        mine = torch.arange(len(val))[rank::world]      # every sample counted once, whatever the world size
         _, correct, count = evaluate(model, val.x[mine], val.y[mine], config, device)
         totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
         comm.all_reduce(totals)
@@ -147,6 +147,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
                            say=lambda message: ctx.print(message) if lead else None)
     model.train()
     while epoch < config["epochs"] and stop is None:
+        # Dropout and other randomness: different on each rank, and the same after a resume.
+        torch.manual_seed(hash((config["seed"], rank, epoch)) & (2**63 - 1))
         order = shard_indices(len(train), rank, world, epoch, config["seed"]).to(x_train.device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         epoch_start, val_error, done = time.monotonic(), None, 0

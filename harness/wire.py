@@ -67,7 +67,8 @@ def sign(key: bytes, frames: Sequence[Any]) -> bytes:
     return mac.digest()
 
 
-def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool,
+                    parameter: bool = False) -> Any:
     import torch
     dt = getattr(torch, dtype)
     raw = memoryview(buffer).cast("B")
@@ -75,6 +76,8 @@ def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...], requires_gr
         tensor = torch.empty(shape, dtype=dt)
     else:
         tensor = torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(shape)
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
     return tensor.requires_grad_(requires_grad)
 
 
@@ -83,7 +86,8 @@ def _reduce_tensor(tensor: Any) -> tuple:
     data = tensor.detach().cpu().contiguous()
     raw = data.reshape(-1).view(__import__("torch").uint8).numpy()
     dtype = str(data.dtype).removeprefix("torch.")
-    return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(data.shape), tensor.requires_grad)
+    parameter = isinstance(tensor, __import__("torch").nn.Parameter)
+    return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(data.shape), tensor.requires_grad, parameter)
 
 
 class _Pickler(cloudpickle.Pickler):

@@ -125,7 +125,24 @@ def time_steps(step, warmup: int, windows: int, per_window: int) -> float:
     return statistics.median(seconds)
 
 
-def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int) -> dict:
+def profile_steps(step, steps: int = 10) -> dict:
+    """Where a step's time goes: host (CPU) time against device (GPU kernel) time per step, and the
+    operators with the most host time. A step is launch-bound when the first exceeds the second."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    return {"cpu_ms_per_step": sum(e.self_cpu_time_total for e in events) / steps / 1e3,
+            "gpu_ms_per_step": sum(e.self_device_time_total for e in events) / steps / 1e3,
+            "table": events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)}
+
+
+def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int,
+                 profile: bool = False) -> dict:
     import torch
     import torch.distributed as dist
     torch.cuda.set_device(0)
@@ -143,6 +160,8 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
             step, keep = make_variant(variant, spec, comm)
             seconds = time_steps(step, warmup, windows, per_window)
             results[f"{spec['name']}/{variant}"] = seconds
+            if profile and ctx.rank == 0:
+                results[f"{spec['name']}/{variant}/profile"] = profile_steps(step)
             del step, keep
             torch.cuda.empty_cache()
             if variant == "single":
@@ -268,6 +287,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    parser.add_argument("--profile", action="store_true", help="also profile 10 steps of each variant on rank 0")
     parser.add_argument("--first-step-model", default="resnet50", help="model for the time-to-first-step race ('' to skip)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--first-step-run", choices=("harness", "ddp"), help=argparse.SUPPRESS)
@@ -281,9 +301,13 @@ def main() -> None:
     for n in args.gpus:
         with Parent() as parent:
             kids = parent.fork(n, gpus=list(range(n)))
-            kids.exec(bench_worker, specs, list(args.variants), args.warmup, args.windows, args.steps)
+            kids.exec(bench_worker, specs, list(args.variants), args.warmup, args.windows, args.steps, args.profile)
             results = kids.wait()
-        merged = {key: max(r[key] for r in results if key in r) for key in results[0]}   # the slowest rank
+        profiles = {k: v for k, v in results[0].items() if k.endswith("/profile")}
+        merged = {key: max(r[key] for r in results if key in r) for key in results[0] if key not in profiles}
+        for key, found in profiles.items():
+            print(f"--- profile {key} on {n} GPUs: host {found['cpu_ms_per_step']:.3f} ms/step, "
+                  f"GPU kernels {found['gpu_ms_per_step']:.3f} ms/step\n{found['table']}")
         rows += table(merged, specs, n)
         print_rows([r for r in rows if r["gpus"] == n])
         if args.first_step_model:

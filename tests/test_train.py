@@ -102,6 +102,8 @@ def test_target_error_stops_early(tmp_path):
     (["--dataset", "mnist", "--data-dir", "/nonexistent"], "train-images-idx3-ubyte"),
     (["--model-options", "{bad json"], "not valid JSON"),
     (["--lr", "-1"], "--lr must be positive"),
+    (["--heartbeat-timeout", "0"], "--heartbeat-timeout must be a positive"),
+    (["--seed", "-1"], "--seed must not be negative"),
 ])
 def test_bad_input_is_one_line_error_before_any_worker(flags, message, tmp_path):
     result = cli("Train.py", *flags, "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path),
@@ -120,6 +122,23 @@ def test_corrupt_checkpoint_and_unwritable_save_path(tmp_path):
         assert result.returncode == 2 and str(corrupt) in result.stderr
     result = cli("Test.py", "--checkpoint", str(corrupt))
     assert result.returncode == 2 and str(corrupt) in result.stderr
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path):
+    _, save = run_train(tmp_path, "--epochs", "1")
+    result = cli("Train.py", "--resume", str(save), "--model-options", '{"hidden": [64]}', "--log-dir", str(tmp_path))
+    assert result.returncode == 2 and "--model-options {}" in result.stderr
+
+
+def test_validation_split_smaller_than_the_worker_count(tmp_path):
+    results, save = run_train(tmp_path, "--epochs", "1", "--cpu-workers", "3", "--val-fraction", "0.001")
+    assert load_checkpoint(save)["epoch"] == 1 and len(results) == 3
+
+
+@pytest.mark.parametrize("flags", [["--batch-size", "0"], ["--cpu-workers", "-1"]])
+def test_test_py_rejects_bad_arguments(flags):
+    result = cli("Test.py", *flags)
+    assert result.returncode == 2 and "Test.py: error:" in result.stderr
 
 
 def test_oddeven_prints_the_seeds_lines(tmp_path):

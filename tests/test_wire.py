@@ -41,3 +41,10 @@ def test_wrong_key_and_moved_frame_boundaries_fail():
     joined = bytes(head) + bytes(bufs[0])
     with pytest.raises(wire.BadSignature):
         wire.unpack(key, [joined[:100], joined[100:]])
+
+
+def test_parameters_stay_parameters():
+    key = wire.new_key()
+    layer = wire.unpack(key, wire.pack(key, torch.nn.Linear(300, 300)))
+    assert type(layer.weight) is torch.nn.Parameter and layer.weight.requires_grad
+    layer.weight = torch.nn.Parameter(torch.zeros(300, 300))      # still assignable as a module parameter

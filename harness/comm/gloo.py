@@ -43,6 +43,7 @@ class GlooCommunicator(Communicator):
 
     def _work(self, work: Any, then=None) -> Work:
         def wait() -> None:
+            self._check_alive()
             self._in_flight += 1
             try:
                 work.wait()
@@ -91,8 +92,9 @@ class GlooCommunicator(Communicator):
         self._work(self._pg.barrier()).wait()
 
     def _abort(self) -> None:
-        if self._in_flight:
-            threading.Timer(ABORT_GRACE, self._end_if_stuck).start()
+        timer = threading.Timer(ABORT_GRACE, self._end_if_stuck)   # a no-op unless a wait is still stuck then
+        timer.daemon = True
+        timer.start()
 
     def _end_if_stuck(self) -> None:
         if self._in_flight:
