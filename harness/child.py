@@ -128,9 +128,11 @@ class Context:
         if kind == "exchange":
             self._exchanges[ident] = payload
         elif kind == "abort":
-            self._aborts.setdefault(ident, payload)
-            if ident == self._exec_id and self._aborted is None:
-                self._abort(payload)
+            if ident == self._exec_id:
+                if self._aborted is None:
+                    self._abort(payload)
+            elif self._exec_id is None or ident > self._exec_id:   # overtook its exec: apply when it starts
+                self._aborts.setdefault(ident, payload)
         elif kind == "stop":
             self._stopping = True
         elif kind == "undecodable":

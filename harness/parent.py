@@ -279,7 +279,7 @@ class Children:
             del self._exchanges[tag]
             gathered = [values[r] for r in range(len(self._children))]
             for child in self._children:
-                self._link.send(("exchange", tag, gathered), to=_identity(child.rank))
+                self._send_if_alive(child, ("exchange", tag, gathered))
 
     def _abort_others(self, rank: int, reason: str) -> None:
         for child in self._children:

@@ -86,21 +86,25 @@ class BucketedGradientAveraging(GradientAveraging):
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb={bucket_mb}: must be positive")
         self.buckets: list[_Bucket] = []
-        owner: dict[torch.nn.Parameter, int] = {}
+        self._owner: dict[torch.nn.Parameter, int] = {}
         cap = bucket_mb * 2**20
+
+        def close(flat_grad: torch.Tensor, group: list[torch.nn.Parameter]) -> None:
+            self._owner.update((p, len(self.buckets)) for p in group)
+            self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
+
         for _, flat_grad, params in flat.grad_segments():
             group: list[torch.nn.Parameter] = []
+            elements = 0
             for param in params:
                 group.append(param)
-                if sum(p.numel() for p in group) * flat_grad.element_size() >= cap:
-                    owner.update((p, len(self.buckets)) for p in group)
-                    self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
-                    group = []
+                elements += param.numel()
+                if elements * flat_grad.element_size() >= cap:
+                    close(flat_grad, group)
+                    group, elements = [], 0
             if group:
-                owner.update((p, len(self.buckets)) for p in group)
-                self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
-        self._owner = owner
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in owner]
+                close(flat_grad, group)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._owner]
         self.reset()
 
     def reset(self) -> None:

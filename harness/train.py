@@ -141,9 +141,12 @@ def train_worker(ctx: Any, config: dict) -> dict:
             ctx.send({"event": "validation", "epoch": epoch, "step": step, "val_error": error})
         return error
 
-    first = shard_indices(len(train), rank, world, epoch, config["seed"])[:batch].to(x_train.device)
+    example = None
+    if config["cuda_graph"]:         # the graph's static inputs start as this rank's first batch
+        first = shard_indices(len(train), rank, world, epoch, config["seed"])[:batch].to(x_train.device)
+        example = (x_train[first].to(device), y_train[first].to(device))
     train_step = make_step(model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
-                           config["cuda_graph"], example=(x_train[first].to(device), y_train[first].to(device)),
+                           config["cuda_graph"], example=example,
                            say=lambda message: ctx.print(message) if lead else None)
     model.train()
     while epoch < config["epochs"] and stop is None:

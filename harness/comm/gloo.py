@@ -1,10 +1,11 @@
 """gloo through torch.distributed, for CPU children.
 
 The ranks meet through a TCPStore that rank 0 serves on a free loopback port (comm/store.py).
-Gloo cannot average, so "avg" is a sum then a division. A gloo collective blocked on a live peer cannot be interrupted (abort() does not close
-its sockets; only the peer's death does), so when the parent reports a failed peer while a
-collective is in flight, this process ends itself after ABORT_GRACE seconds instead of waiting
-out gloo's timeout: the run is already lost, and the parent has already named the cause.
+Gloo cannot average, so "avg" is a sum then a division. A gloo collective blocked on a live
+peer cannot be interrupted (abort() does not close its sockets; only the peer's death does), so
+when the parent reports a failed peer while a collective is in flight, this process ends itself
+after ABORT_GRACE seconds instead of waiting out gloo's timeout: the run is already lost, and
+the parent has already named the cause.
 """
 from __future__ import annotations
 
