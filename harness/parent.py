@@ -34,6 +34,7 @@ log = logging.getLogger("harness")
 START_TIMEOUT = 60.0       # seconds for a child to start its interpreter and connect
 STOP_GRACE = 5.0           # seconds a stopped child gets to exit on its own before SIGKILL
 STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFailed
+DEATH_GRACE = 1.0          # seconds an error waits for a peer's death that may have caused it
 
 
 class ChildError(RuntimeError):
@@ -236,9 +237,21 @@ class Children:
         self._raise_if_failed()
         for child in self._children:
             if child.outcome and child.outcome[0] == self._exec_id and child.outcome[1] == "error":
-                self._find_deaths()
+                self._await_deaths(DEATH_GRACE)
                 self._raise_if_failed()
                 raise ChildError(child.rank, child.outcome[2])
+
+    def _await_deaths(self, grace: float) -> None:
+        """Look for a death among the children still running, for up to ``grace`` seconds. A SIGKILLed
+        peer's sockets close (and its neighbours report "connection reset") a moment before the kernel
+        lets us reap it; without this wait that error would hide the death that caused it."""
+        deadline = time.monotonic() + grace
+        while self._failure is None:
+            self._find_deaths()
+            running = [c for c in self._children if not (c.outcome and c.outcome[0] == self._exec_id)]
+            if not running or time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
