@@ -8,7 +8,7 @@ The child then serves: it waits for ``exec`` messages, runs each shipped functio
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
 ("exchange", tag, values), ("abort", id, reason), ("stop", None, None).
 Child -> parent: ("hello", None, pid), ("heartbeat", None, None), ("print", id, text),
-("yield", id, value), ("data", id, obj), ("exchange", tag, value), ("result", id, value),
+("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
 rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
 Either side turns an authentic message it cannot decode into an error for the current exec.
@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 HEARTBEAT_INTERVAL = 1.0
 
@@ -75,11 +75,18 @@ class Context:
         """Printed by the parent, prefixed with this child's rank."""
         self._post("print", sep.join(str(a) for a in args))
 
-    def exchange(self, tag: str, value: Any) -> list:
-        """All-gather through the parent: every child calls it with the same tag; returns the values
-        in rank order. Collectives use it to hand out the NCCL unique id and gloo's address."""
+    def exchange(self, tag: str, value: Any, ranks: Sequence[int] | None = None) -> list:
+        """All-gather through the parent: every child of ``ranks`` (default: all) calls it with the same
+        tag; returns their values in the order of ``ranks``. Collectives use it to hand out the NCCL
+        unique id and gloo's address; workers sharing a GPU, their IPC handles."""
+        if ranks is not None:
+            ranks = list(ranks)
+            if sorted(set(ranks)) != ranks or not all(isinstance(r, int) and 0 <= r < self.world_size for r in ranks):
+                raise ValueError(f"ranks={ranks}: must be increasing ranks in 0..{self.world_size - 1}, each once")
+            if self.rank not in ranks:
+                raise ValueError(f"ranks={ranks} leaves out this child (rank {self.rank}); only members exchange")
         tag = f"{self._exec_id}/{tag}"
-        self._link.send(("exchange", tag, value))
+        self._link.send(("exchange", tag, (ranks, value)))
         return self._link.wait_for(lambda: self._check_abort() or self._exchanges.pop(tag, None))
 
     def unique_tag(self, prefix: str) -> str:

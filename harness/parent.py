@@ -285,14 +285,16 @@ class Children:
         child.outcome = (self._exec_id, "error", text)
         self._abort_others(child.rank, f"child {child.rank} raised an exception")
 
-    def _exchange(self, rank: int, tag: str, value: Any) -> None:
+    def _exchange(self, rank: int, tag: str, payload: tuple[list[int] | None, Any]) -> None:
+        ranks, value = payload
+        ranks = range(len(self._children)) if ranks is None else ranks
         values = self._exchanges.setdefault(tag, {})
         values[rank] = value
-        if len(values) == len(self._children):
+        if all(r in values for r in ranks):
             del self._exchanges[tag]
-            gathered = [values[r] for r in range(len(self._children))]
-            for child in self._children:
-                self._send_if_alive(child, ("exchange", tag, gathered))
+            gathered = [values[r] for r in ranks]
+            for r in ranks:
+                self._send_if_alive(self._children[r], ("exchange", tag, gathered))
 
     def _abort_others(self, rank: int, reason: str) -> None:
         for child in self._children:
