@@ -37,8 +37,8 @@ def ops_for(dtype):
     return OPS if dtype.is_floating_point else [op for op in OPS if op != "avg"]
 
 
-def run_matrix(ctx, inputs: dict) -> dict:
-    comm = ctx.communicator()
+def run_matrix(ctx, inputs: dict, make_comm=None) -> dict:
+    comm = make_comm(ctx) if make_comm else ctx.communicator()
     device = ctx.device
     reduce_root, bcast_root = inputs["roots"]
     results = {}
@@ -113,8 +113,8 @@ def check_matrix(inputs: dict, results: list[dict]) -> int:
     return checked
 
 
-def _die_mid_collective(ctx, victim: int) -> None:
-    comm = ctx.communicator()
+def _die_mid_collective(ctx, victim: int, make_comm=None) -> None:
+    comm = make_comm(ctx) if make_comm else ctx.communicator()
     t = torch.ones(1 << 20, device=ctx.device)
     for step in range(1000):
         comm.all_reduce(t)
@@ -124,12 +124,12 @@ def _die_mid_collective(ctx, victim: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def assert_dead_peer_raises_childfailed(n: int, gpus, victim: int) -> None:
+def assert_dead_peer_raises_childfailed(n: int, gpus, victim: int, make_comm=None) -> None:
     """A rank dies between collectives; the survivors' collectives must not hang the run."""
     with Parent() as parent:
         kids = parent.fork(n, gpus=gpus)
         pids = kids.pids
-        kids.exec(_die_mid_collective, victim)
+        kids.exec(_die_mid_collective, victim, make_comm)
         start = time.monotonic()
         with pytest.raises(ChildFailed) as info:
             kids.wait()

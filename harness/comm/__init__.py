@@ -10,14 +10,24 @@ __all__ = ["Communicator", "Work", "OPS", "DTYPES", "open_communicator"]
 
 
 def open_communicator(ctx: Any, backend: str | None = None, **options: Any) -> Communicator:
-    """Collective call on every child of the group. Closed automatically when the child's function ends."""
+    """Collective call on every child of the group. Closed automatically when the child's function ends.
+
+    GPU children that share a GPU (several workers per GPU) get a HierarchicalCommunicator: they
+    combine through CUDA IPC and one leader per GPU joins NCCL, which refuses two ranks on one GPU."""
     backend = backend or ("nccl" if ctx.gpu is not None else "gloo")
-    if backend == "nccl":
-        from .nccl import NcclCommunicator as cls
-    elif backend == "gloo":
-        from .gloo import GlooCommunicator as cls
-    else:
+    if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend={backend!r}: choose 'nccl' (GPU children) or 'gloo' (CPU children)")
-    comm = cls(ctx, **options)
+    gpus = ctx.exchange(ctx.unique_tag("gpus"), ctx.gpu) if backend == "nccl" else []
+    if len(set(gpus)) < len(gpus):
+        if options:
+            raise ValueError(f"options {sorted(options)} are not supported when workers share a GPU")
+        from .hierarchical import HierarchicalCommunicator
+        comm: Communicator = HierarchicalCommunicator(ctx, gpus, backend)
+    elif backend == "nccl":
+        from .nccl import NcclCommunicator
+        comm = NcclCommunicator(ctx, **options)
+    else:
+        from .gloo import GlooCommunicator
+        comm = GlooCommunicator(ctx, **options)
     ctx.own(comm)
     return comm

@@ -1,0 +1,70 @@
+"""Several workers sharing one device: the hierarchical protocol (comm/hierarchical.py) on CPU
+children, with host shared memory in place of CUDA IPC and gloo among the leaders. The GPU tests
+run the same cases on CUDA IPC and NCCL."""
+import os
+
+import pytest
+import torch
+
+from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
+from harness import Parent
+from harness.comm.hierarchical import HierarchicalCommunicator, local_groups
+
+
+def grouped(keys):
+    """A communicator factory for the children: rank r belongs to group keys[r]."""
+    def make(ctx):
+        comm = HierarchicalCommunicator(ctx, keys, "gloo")
+        ctx.own(comm)
+        return comm
+    return make
+
+
+@pytest.fixture(scope="module")
+def four():
+    with Parent() as parent:
+        yield parent.fork(4)
+
+
+def test_local_groups_keep_rank_order_and_first_appearance():
+    assert local_groups(["b", "b", "a", "a"]) == [[0, 1], [2, 3]]
+    assert local_groups([0, 1, 0]) == [[0, 2], [1]]
+
+
+@pytest.mark.parametrize("keys", [[0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0], [0, 1, 2, 3]],
+                         ids=["2+2", "3+1", "one-group", "no-sharing"])
+def test_every_op_dtype_and_placement_matches_float64_reference(four, keys):
+    inputs = make_inputs(4, seed=int.from_bytes(os.urandom(4), "little"))
+    four.exec(run_matrix, inputs, grouped(keys))
+    results = four.wait()
+    assert check_matrix(inputs, results) == 4 * len(results[0]) > 0
+
+
+def test_slots_grow_for_a_large_buffer_and_results_stay_exact(four):
+    def work(ctx):
+        comm = grouped([0, 0, 1, 1])(ctx)
+        sizes = [10, 3 << 20, 100, 5 << 20]          # 12 MB then 20 MB: two growths past the first 1 MB slot
+        sums = []
+        for n in sizes:
+            t = torch.full((n,), float(ctx.rank + 1))
+            comm.all_reduce(t)
+            sums.append((t.min().item(), t.max().item()))
+        return comm.group.capacity, sums
+    four.exec(work)
+    for capacity, sums in four.wait():
+        assert capacity >= (5 << 20) * 4
+        assert sums == [(10.0, 10.0)] * 4
+
+
+def test_leader_and_member_report_the_group(four):
+    def work(ctx):
+        comm = grouped([0, 0, 1, 1])(ctx)
+        return comm.group.members, comm.group.index, comm.leaders is not None, comm.size
+    four.exec(work)
+    assert four.wait() == [
+        ([0, 1], 0, True, 4), ([0, 1], 1, False, 4), ([2, 3], 0, True, 4), ([2, 3], 1, False, 4)]
+
+
+@pytest.mark.parametrize("victim", [1, 2], ids=["member", "leader"])
+def test_a_dying_worker_of_a_shared_group_raises_childfailed(victim):
+    assert_dead_peer_raises_childfailed(4, None, victim, grouped([0, 0, 1, 1]))
