@@ -3,8 +3,8 @@
 For each model and GPU count, one group of worker processes (one per GPU) runs every variant in
 turn, each from a freshly built model: 1 GPU alone (rank 0 only); N independent processes (no
 communication: the ceiling); DDP (NCCL, gradient_as_bucket_view=True, static_graph=True); this
-harness in grad mode (bucketed, overlapped), with and without --cuda-graph; and in param mode with
---avg-every 8. Step time is the median over timed windows after warm-up (CUDA-synchronised wall
+harness in grad mode (bucketed, overlapped), with and without --cuda-graph, and unbucketed (one
+all-reduce after backward: --grad-sync flat); and in param mode with --avg-every 8. Step time is the median over timed windows after warm-up (CUDA-synchronised wall
 clock around each window). Time to first step is measured from the command: `python` running the
 harness against `torchrun` running DDP, each to the end of rank 0's first step.
 
@@ -31,7 +31,7 @@ MODELS = {   # name: (registry model, model options, DataInfo args, per-GPU batc
     "resnet50": ("resnet50", {}, ("image", (3, 224, 224), 1000), 128, True, True),
     "gpt2-124m": ("gpt", {"size": "124m"}, ("tokens", (1024,), 50257), 16, True, False),
 }
-VARIANTS = ("single", "independent", "ddp", "harness", "harness+graph", "harness-param8")
+VARIANTS = ("single", "independent", "ddp", "harness", "harness-flat", "harness+graph", "harness-param8")
 
 
 def spec_for(name: str) -> dict:
@@ -75,7 +75,7 @@ def make_variant(variant: str, spec: dict, comm):
     """A step function for one variant, plus its model (kept alive while timing)."""
     from harness.flat import FlatParameters
     from harness.step import TrainStep, make_step
-    from harness.sync import BucketedGradientAveraging, ParameterAveraging, Synchroniser
+    from harness.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
     from models import loss_fn
     model, optimizer, x, y = build(spec)
     autocast = autocast_for(spec)
@@ -95,6 +95,8 @@ def make_variant(variant: str, spec: dict, comm):
         sync = Synchroniser(comm, flat)
     elif variant == "harness-param8":
         sync = ParameterAveraging(comm, flat, every=8)
+    elif variant == "harness-flat":
+        sync = GradientAveraging(comm, flat)
     else:
         sync = BucketedGradientAveraging(comm, flat)
     if variant == "harness+graph":
