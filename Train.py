@@ -7,10 +7,12 @@ and a plot) to runs/. Every bad input is a one-line error before any worker star
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from harness import ChildError, ChildFailed, Parent
 from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
@@ -35,6 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--data-dir", default=None, help="where mnist/cifar10 files are (default ./data)")
     a("--gpus", default=None, help="'all' or GPU indices like 0,1 (default: all GPUs if any, else CPU workers)")
     a("--cpu-workers", type=int, default=2, help="number of CPU workers when no GPU is used (default 2)")
+    a("--workers-per-gpu", type=int, default=1,
+      help="workers on each GPU (default 1); they combine through CUDA IPC, one leader per GPU joins NCCL")
+    a("--mps", action="store_true",
+      help="start a private NVIDIA MPS daemon for the run (pipe and log dirs in --log-dir), so workers "
+           "sharing a GPU run their kernels concurrently; stopped at the end")
     a("--mode", choices=("grad", "param"), default="grad",
       help="grad: average gradients every update; param: average parameters every --avg-every updates")
     a("--avg-every", type=int, default=1, help="param mode: average parameters every K updates (default 1)")
@@ -87,7 +94,7 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     if args.model not in MODELS and ":" not in args.model:
         raise ConfigError(f"unknown model '{args.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
-    for name in ("batch_size", "epochs", "avg_every", "cpu_workers"):
+    for name in ("batch_size", "epochs", "avg_every", "cpu_workers", "workers_per_gpu"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     for name in ("seed", "patience", "validate_every", "save_every", "weight_decay"):
@@ -105,6 +112,9 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         gpus = resolve_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if not gpus and (args.workers_per_gpu > 1 or args.mps):
+        flag = "--mps" if args.mps else f"--workers-per-gpu {args.workers_per_gpu}"
+        raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
     momentum = args.momentum if args.momentum is not None else (0.9 if args.optimizer == "sgd" else 0.0)
     config = {
         "model": args.model, "model_options": json_option("model-options", args.model_options),
@@ -116,7 +126,8 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "batch_size": args.batch_size, "epochs": args.epochs, "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
         "save": args.save or None, "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
-        "amp": args.amp, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir, "workers": len(gpus) or args.cpu_workers,
+        "amp": args.amp, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
+        "workers": len(gpus) * args.workers_per_gpu or args.cpu_workers, "mps": args.mps,
     }
     _check_data_and_model(config)
     if config["save"]:
@@ -185,6 +196,25 @@ class Progress:
         self.bar.close()
 
 
+@contextlib.contextmanager
+def mps_for(config: dict) -> Iterator[dict[str, str]]:
+    """With --mps, a private MPS daemon for the run; yields the environment that points workers at it."""
+    from harness.mps import active_mps_env, start_mps
+    if not config["mps"]:
+        found = active_mps_env()
+        if found:
+            print(f"using the MPS daemon your environment points at ({found['CUDA_MPS_PIPE_DIRECTORY']})")
+        yield {}
+        return
+    try:
+        daemon = start_mps(Path(config["log_dir"]) / "mps")
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"--mps: {e}") from None
+    with daemon:
+        print(f"started a private MPS daemon (log: {daemon.log_dir})")
+        yield daemon.env
+
+
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> list[dict]:
     """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries."""
     from harness.train import load_data, train_worker
@@ -193,8 +223,9 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> lis
     log = MetricsLog(config["log_dir"])
     progress = Progress(config, steps_per_epoch, log)
     try:
-        with Parent(heartbeat_timeout=heartbeat_timeout) as parent:
-            kids = parent.fork(config["workers"], gpus=gpus or None)
+        # The daemon outlives the workers: MPS only quits once its clients are gone.
+        with mps_for(config) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
+            kids = parent.fork(config["workers"], gpus=gpus or None, env=daemon_env)
             kids.exec(train_worker, config)
             while True:
                 record = kids[0].receive()
@@ -218,11 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"Train.py: error: {e}", file=sys.stderr)
         return 2
-    where = f"{len(gpus)} GPU(s)" if gpus else f"{config['workers']} CPU workers"
+    where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "") \
+        if gpus else f"{config['workers']} CPU workers"
     print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
           f"mode {config['mode']}")
     try:
         train(config, gpus, args.heartbeat_timeout)
+    except ConfigError as e:                    # the MPS daemon did not start
+        print(f"Train.py: error: {e}", file=sys.stderr)
+        return 2
     except (ChildError, ChildFailed) as e:
         print(f"Train.py: training failed: {e}", file=sys.stderr)
         return 1

@@ -78,6 +78,10 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
     if not getattr(optimizer, "graph_safe", True):
         say(f"--cuda-graph: {type(optimizer).__name__} keeps host-side state a graph would freeze; running eagerly")
         return TrainStep(*args)
+    if not getattr(sync.comm, "graph_safe", True):
+        say("--cuda-graph: workers sharing a GPU signal each other from the host, which a graph cannot "
+            "replay; running eagerly")
+        return TrainStep(*args)
     step = GraphedTrainStep(*args, example=example)
     problem = None
     try:

@@ -68,3 +68,30 @@ def test_leader_and_member_report_the_group(four):
 @pytest.mark.parametrize("victim", [1, 2], ids=["member", "leader"])
 def test_a_dying_worker_of_a_shared_group_raises_childfailed(victim):
     assert_dead_peer_raises_childfailed(4, None, victim, grouped([0, 0, 1, 1]))
+
+
+def _train_in_groups(ctx, config, keys):
+    from harness.train import train_worker
+    ctx.communicator = lambda backend=None, **options: grouped(keys)(ctx)
+    return train_worker(ctx, config)
+
+
+def _config(tmp_path, name, *flags):
+    import Train
+    args = Train.parse_args(["--epochs", "2", "--seed", "3", "--batch-size", "8", "--save", str(tmp_path / f"{name}.pt"),
+                             "--log-dir", str(tmp_path / name), *flags])
+    return Train.make_config(args)[0]
+
+
+@pytest.mark.parametrize("mode", ["grad", "param"])
+def test_training_in_shared_groups_equals_four_separate_workers(four, tmp_path, mode):
+    from test_train import flat_params, run_train
+    flags = ["--mode", mode, "--avg-every", "3", "--cpu-workers", "4"]
+    four.exec(_train_in_groups, _config(tmp_path, "grouped", *flags), [0, 0, 1, 1])
+    grouped_results = four.wait()
+    separate_results, separate = run_train(tmp_path, "--epochs", "2", "--seed", "3", "--batch-size", "8", *flags,
+                                           name="separate")
+    assert len({r["checksum"] for r in grouped_results}) == 1
+    assert grouped_results[0]["step"] == separate_results[0]["step"] > 0
+    a, b = flat_params(tmp_path / "grouped.pt"), flat_params(separate)
+    assert (a - b).norm() / b.norm() <= 1e-5

@@ -64,6 +64,8 @@ class HierarchicalCommunicator(Communicator):
     """Collective call on every child. ``keys[r]`` names rank r's group (its GPU): ranks with equal
     keys share memory; ``backend`` ("nccl" or "gloo") connects the groups' leaders."""
 
+    graph_safe = False      # rounds wait on host flags: a captured CUDA graph would replay none of that
+
     def __init__(self, ctx: Any, keys: Sequence[Hashable], backend: str = "nccl"):
         super().__init__(ctx.rank, ctx.world_size)
         if len(keys) != ctx.world_size:

@@ -88,7 +88,7 @@ class _DeviceBytes:
 
     def __init__(self, pointer: int, nbytes: int):
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (pointer, False),
-                                         "version": 2}
+                                         "strides": None, "version": 2}
 
 
 class CudaIpcMemory:
