@@ -1,0 +1,129 @@
+"""Several workers per GPU: total training throughput for K = 1, 2, 4 workers on each GPU, with and
+without MPS, for small models that leave a big GPU idle.
+
+Each configuration forks G * K workers (contiguous blocks per GPU), each training the same model on
+synthetic data in grad mode (bucketed all-reduce; workers sharing a GPU combine through CUDA IPC).
+The step time is the median over timed windows after warm-up, the slowest rank's; total samples/s is
+G * K * batch / step time; "gain" is that over K = 1 without MPS on the same GPUs. With MPS, a
+private control daemon is started for the configuration (nothing else on the machine changes).
+
+    python scripts/bench_workers_per_gpu.py --gpus 1 4 --models mlp cnn --out bench/results/workers-per-gpu
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_vs_ddp import autocast_for, build, spec_for, time_steps  # noqa: E402
+
+
+def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float:
+    import torch
+    from harness.flat import FlatParameters
+    from harness.step import TrainStep
+    from harness.sync import BucketedGradientAveraging
+    from models import loss_fn
+    torch.cuda.set_device(0)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    comm = ctx.communicator()
+    model, optimizer, x, y = build(spec)
+    flat = FlatParameters(model)
+    sync = BucketedGradientAveraging(comm, flat)
+    sync.start()
+    step = TrainStep(model, optimizer, flat, sync, loss_fn, autocast_for(spec))
+    return time_steps(lambda: step(x, y), warmup, windows, per_window)
+
+
+def measure(spec: dict, gpus: int, k: int, mps: bool, args: argparse.Namespace) -> float:
+    """The slowest rank's median step time, in seconds."""
+    import contextlib
+    from harness import Parent
+    from harness.mps import start_mps
+    with contextlib.ExitStack() as stack:
+        env = {}
+        if mps:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="mps-", dir="/tmp"))
+            env = stack.enter_context(start_mps(Path(directory))).env
+        parent = stack.enter_context(Parent())        # closed (workers gone) before the daemon stops
+        kids = parent.fork(gpus * k, gpus=list(range(gpus)), env=env)
+        kids.exec(worker, spec, args.warmup, args.windows, args.steps)
+        return max(kids.wait())
+
+
+def rows(results: dict, specs: list[dict]) -> list[dict]:
+    """Table rows from {(model, gpus, k, mps): seconds}."""
+    out = []
+    for (model, gpus, k, mps), seconds in sorted(results.items()):
+        batch = next(s["batch"] for s in specs if s["name"] == model)
+        base = results.get((model, gpus, 1, False))
+        samples = gpus * k * batch / seconds
+        out.append({"model": model, "gpus": gpus, "workers_per_gpu": k, "mps": mps, "step_ms": seconds * 1e3,
+                    "samples_per_s": samples,
+                    "gain": samples / (gpus * batch / base) if base else None})
+    return out
+
+
+def print_rows(table: list[dict]) -> None:
+    print(f"{'model':6} {'GPUs':>4} {'K':>2} {'MPS':>4} {'step ms':>8} {'samples/s':>10} {'gain':>6}")
+    for r in table:
+        gain = f"{r['gain']:.2f}" if r["gain"] is not None else "-"
+        print(f"{r['model']:6} {r['gpus']:>4} {r['workers_per_gpu']:>2} {'yes' if r['mps'] else 'no':>4} "
+              f"{r['step_ms']:>8.3f} {r['samples_per_s']:>10.0f} {gain:>6}")
+
+
+def plot(table: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r["model"], r["gpus"]) for r in table})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.6), squeeze=False)
+    for ax, (model, gpus) in zip(axes[0], groups):
+        mine = [r for r in table if (r["model"], r["gpus"]) == (model, gpus)]
+        labels = [f"K={r['workers_per_gpu']}{' MPS' if r['mps'] else ''}" for r in mine]
+        ax.bar(labels, [r["samples_per_s"] for r in mine], color=["#2a7" if r["mps"] else "#999" for r in mine])
+        ax.set_title(f"{model}, {gpus} GPU{'s' if gpus > 1 else ''}")
+        ax.set_ylabel("samples/s (all workers)")
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 4], help="GPU counts to run on")
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--workers-per-gpu", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--mps", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed window")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    specs = [spec_for(m) for m in args.models]
+    settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.mps]
+    results = {}
+    for gpus in args.gpus:
+        for spec in specs:
+            for k in args.workers_per_gpu:
+                for mps in settings:
+                    results[(spec["name"], gpus, k, mps)] = measure(spec, gpus, k, mps, args)
+                    print(f"{spec['name']} on {gpus} GPU(s), K={k}, MPS {'on' if mps else 'off'}: "
+                          f"{results[(spec['name'], gpus, k, mps)] * 1e3:.3f} ms/step", flush=True)
+    table = rows(results, specs)
+    print_rows(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat(),
+                  "warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps, "rows": table}
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        plot(table, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
