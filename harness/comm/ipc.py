@@ -103,7 +103,9 @@ class CudaIpcMemory:
         self._pointers: dict[int, tuple[int, bool]] = {}     # id(tensor) -> (pointer, owned)
 
     def _tensor(self, pointer: int, nbytes: int, owned: bool) -> torch.Tensor:
-        tensor = torch.as_tensor(_DeviceBytes(pointer, nbytes), device="cuda")
+        tensor = torch.as_tensor(_DeviceBytes(pointer, nbytes), device=torch.device("cuda", torch.cuda.current_device()))
+        if tensor.data_ptr() != pointer:
+            raise RuntimeError("torch copied a shared device buffer instead of wrapping it; the slots would not be shared")
         self._pointers[id(tensor)] = (pointer, owned)
         return tensor
 
