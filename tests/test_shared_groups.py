@@ -1,13 +1,15 @@
 """Several workers sharing one device: the hierarchical protocol (comm/hierarchical.py) on CPU
 children, with host shared memory in place of CUDA IPC and gloo among the leaders. The GPU tests
 run the same cases on CUDA IPC and NCCL."""
+import glob
 import os
+import time
 
 import pytest
 import torch
 
 from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
-from harness import Parent
+from harness import ChildError, Parent
 from harness.comm.hierarchical import HierarchicalCommunicator, local_groups
 
 
@@ -63,6 +65,44 @@ def test_leader_and_member_report_the_group(four):
     four.exec(work)
     assert four.wait() == [
         ([0, 1], 0, True, 4), ([0, 1], 1, False, 4), ([2, 3], 0, True, 4), ([2, 3], 1, False, 4)]
+
+
+def _raise_in_group(ctx, when):
+    comm = grouped([0, 0, 1, 1])(ctx)
+    t = torch.ones(4)
+    comm.all_reduce(t)
+    if ctx.rank == 1 and when == "mid":
+        raise ValueError("boom on rank 1")
+    comm.all_reduce(t)
+    if ctx.rank == 1:
+        raise ValueError("boom on rank 1")
+    return t.sum().item()
+
+
+@pytest.mark.parametrize("when", ["mid", "after"], ids=["between-collectives", "after-the-last"])
+def test_a_rank_that_raises_releases_its_group_and_the_children_serve_on(four, when):
+    four.exec(_raise_in_group, when)
+    with pytest.raises(ChildError, match="boom on rank 1"):
+        four.wait()
+    inputs = make_inputs(4, seed=int.from_bytes(os.urandom(4), "little"))
+    four.exec(run_matrix, inputs, grouped([0, 0, 1, 1]))      # the same children, a fresh group
+    assert check_matrix(inputs, four.wait()) > 0
+
+
+def test_no_shared_memory_file_outlives_a_group_that_failed_to_form(four):
+    def work(ctx):
+        if ctx.rank == 1:
+            raise ValueError("rank 1 never joins its group")
+        grouped([0, 0, 1, 1])(ctx)
+    pattern = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "harness-*")
+    before = set(glob.glob(pattern))
+    four.exec(work)
+    with pytest.raises(ChildError, match="never joins"):
+        four.wait()
+    deadline = time.monotonic() + 10                # the others leave their exchanges on the abort
+    while set(glob.glob(pattern)) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(glob.glob(pattern)) - before == set()
 
 
 @pytest.mark.parametrize("victim", [1, 2], ids=["member", "leader"])

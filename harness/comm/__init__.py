@@ -17,6 +17,8 @@ def open_communicator(ctx: Any, backend: str | None = None, **options: Any) -> C
     backend = backend or ("nccl" if ctx.gpu is not None else "gloo")
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend={backend!r}: choose 'nccl' (GPU children) or 'gloo' (CPU children)")
+    if backend == "nccl" and ctx.gpu is None:
+        raise ValueError("backend='nccl' needs GPU children (parent.fork(n, gpus=...)); CPU children use 'gloo'")
     gpus = ctx.exchange(ctx.unique_tag("gpus"), ctx.gpu) if backend == "nccl" else []
     if len(set(gpus)) < len(gpus):
         if options:

@@ -16,10 +16,13 @@ member copied the result out (the leader's next round waits for the members' nex
 which they make after copying out). The same protocol runs on the CPU over shared memory and gloo,
 which is how CI tests it.
 
-Every collective is enqueued in call order on the current stream; ``async_op=True`` returns a
-handle that is already complete on the host, like a synchronous NCCL call. all_gather and
+A round's GPU work goes on the communicator's own stream, which first waits for the caller's
+stream and which the caller's stream then waits for: the cross-process ordering above holds only
+if each process uses one stream for every round, whatever stream the caller (or autograd, in a
+gradient hook) is on. ``async_op=True`` returns a handle that is already complete on the host. all_gather and
 reduce_scatter are built on the all-reduce (zero-padded, or then sliced), which moves more bytes
-than necessary; training needs only all_reduce and broadcast, which are exact.
+than necessary (and turns -0.0 into 0.0 in all_gather); training needs only all_reduce and
+broadcast. "avg" sums in the tensor's dtype and then divides.
 """
 from __future__ import annotations
 
@@ -101,6 +104,14 @@ class HierarchicalCommunicator(Communicator):
         group = self.group
         self._round += 1
         group.reserve(max(t.numel(), result_numel) * t.element_size())
+        with group.ordered():
+            self._exchange_slots(group, t, result_numel, leader_work, deliver, contributes)
+        self._check_alive()
+        return Work()
+
+    def _exchange_slots(self, group: LocalGroup, t: torch.Tensor, result_numel: int,
+                        leader_work: Callable[[torch.Tensor], None], deliver: Callable[[torch.Tensor], None] | None,
+                        contributes: bool) -> None:
         if group.index == 0:
             for member in range(1, group.size):
                 group.acquire(member, self._round)
@@ -113,8 +124,6 @@ class HierarchicalCommunicator(Communicator):
             group.acquire(0, self._round)
         if deliver is not None:
             deliver(group.slot(0, t.dtype, result_numel))
-        self._check_alive()
-        return Work()
 
     def _member_input(self, member: int, t: torch.Tensor) -> torch.Tensor:
         """On the leader: a member's input of this round (the leader's own is ``t`` itself)."""
@@ -178,7 +187,13 @@ class HierarchicalCommunicator(Communicator):
             self.leaders.abort(self.aborted or "aborted")
 
     def _close(self) -> None:
-        self._remove_hook()
-        if self.leaders is not None:
-            self.leaders.close()
-        self.group.close()
+        # The abort hook stays until the group is closed: closing waits for the other members,
+        # and only an abort ends that wait when one of them failed.
+        try:
+            if self.leaders is not None:
+                self.leaders.close()
+        finally:
+            try:
+                self.group.close()
+            finally:
+                self._remove_hook()

@@ -14,11 +14,12 @@ time of the call: without it, a peer could wait on the previous round's record a
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -79,6 +80,9 @@ class HostMemory:
     def synchronize(self) -> None:
         pass
 
+    def ordered(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
     def close_events(self, mine: Any, peers: list) -> None:
         pass
 
@@ -97,9 +101,11 @@ class CudaIpcMemory:
     EVENT_FLAGS = 0x2 | 0x4          # cudaEventDisableTiming | cudaEventInterprocess
 
     def __init__(self):
+        from .nccl import _current_raw_stream, _nccl
+        _nccl()                            # CuPy missing: the same install hint as for NCCL
         from cupy.cuda import runtime
-        from .nccl import _current_raw_stream
         self._rt, self._stream = runtime, _current_raw_stream
+        self._own = torch.cuda.Stream()
         self._pointers: dict[int, tuple[int, bool]] = {}     # id(tensor) -> (pointer, owned)
 
     def _tensor(self, pointer: int, nbytes: int, owned: bool) -> torch.Tensor:
@@ -141,6 +147,15 @@ class CudaIpcMemory:
     def synchronize(self) -> None:
         torch.cuda.synchronize()
 
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """Run a round on our own stream, after the caller's stream and before its next work."""
+        caller = torch.cuda.current_stream()
+        self._own.wait_stream(caller)
+        with torch.cuda.stream(self._own):
+            yield
+        caller.wait_stream(self._own)
+
     def close_events(self, mine: int, peers: list) -> None:
         for event in [mine, *peers]:
             if event is not None:
@@ -161,13 +176,16 @@ class LocalGroup:
         self.capacity, self.slots, self._round = 0, [], 0
         flags_path, flags = _shm_file(FLAG_STRIDE * 8 * self.size) if self.index == 0 else (None, None)
         self._event, event_handle = memory.new_event()
-        paths, handles = zip(*exchange("group-init", (flags_path, event_handle)))
-        self._flags_map = flags or _map(paths[0], FLAG_STRIDE * 8 * self.size)
-        self._flags = np.frombuffer(self._flags_map, dtype=np.int64)
-        self._peer_events = [None if i == self.index else memory.open_event(h) for i, h in enumerate(handles)]
-        exchange("group-ready", None)
-        if self.index == 0:
-            os.unlink(flags_path)
+        try:
+            paths, handles = zip(*exchange("group-init", (flags_path, event_handle)))
+            self._flags_map = flags or _map(paths[0], FLAG_STRIDE * 8 * self.size)
+            self._flags = np.frombuffer(self._flags_map, dtype=np.int64)
+            self._peer_events = [None if i == self.index else memory.open_event(h) for i, h in enumerate(handles)]
+            exchange("group-ready", None)                # every member has mapped the flags
+        finally:
+            if flags_path is not None:
+                os.unlink(flags_path)
+        self._closed = False
 
     def slot(self, member: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """The first ``numel`` elements of a member's slot, as ``dtype``."""
@@ -180,12 +198,14 @@ class LocalGroup:
         capacity = max(nbytes, 2 * self.capacity, MIN_SLOT_BYTES)
         self._memory.synchronize()                 # our last rounds on the old slots are over
         handle, mine = self._memory.allocate(capacity)
-        handles = self._exchange("group-slots", handle)      # (everyone has synchronised too)
-        old = self.slots
-        self.slots = [mine if i == self.index else self._memory.open(h, capacity) for i, h in enumerate(handles)]
-        self._memory.release([s for i, s in enumerate(old) if i != self.index])
-        self._exchange("group-slots-open", None)   # nobody maps the old slots any more, all map the new
-        self._memory.forget(handle)
+        try:
+            handles = self._exchange("group-slots", handle)      # (everyone has synchronised too)
+            old = self.slots
+            self.slots = [mine if i == self.index else self._memory.open(h, capacity) for i, h in enumerate(handles)]
+            self._memory.release([s for i, s in enumerate(old) if i != self.index])
+            self._exchange("group-slots-open", None)   # nobody maps the old slots any more, all map the new
+        finally:
+            self._memory.forget(handle)
         self._memory.release(old[self.index:self.index + 1])
         self.capacity = capacity
 
@@ -210,11 +230,17 @@ class LocalGroup:
                                        f"{self.members[member]} of its GPU: {reason}")
                 time.sleep(50e-6)
 
+    def ordered(self) -> contextlib.AbstractContextManager:
+        """Wrap a round: its GPU work goes on one stream of ours, ordered with the caller's."""
+        return self._memory.ordered()
+
     def close(self) -> None:
-        """Collective call on the members, unless the run was aborted: then the process is about to
-        end, its peers may be dead, and the driver reclaims everything with it."""
-        if self._aborted() is not None:
+        """Collective call on the members. After an abort it frees nothing: our streams may wait
+        forever on a dead peer's event, so freeing (which synchronises) could hang; the parent
+        stops a group whose member died, and the driver reclaims the memory with the process."""
+        if self._closed or self._aborted() is not None:
             return
+        self._closed = True
         self._memory.synchronize()
         mine = self.slots[self.index:self.index + 1]
         self._memory.release([s for i, s in enumerate(self.slots) if i != self.index])
