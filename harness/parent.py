@@ -113,7 +113,7 @@ class Children:
         self._heartbeat_timeout = heartbeat_timeout
         self._exec_ids = itertools.count(1)
         self._exec_id = 0
-        self._exchanges: dict[str, dict[int, Any]] = {}
+        self._exchanges: dict[str, tuple[list[int], dict[int, Any]]] = {}
         self._failure: ChildFailed | None = None
         self._stopping = False
         self._children: list[_Child] = []
@@ -287,8 +287,12 @@ class Children:
 
     def _exchange(self, rank: int, tag: str, payload: tuple[list[int] | None, Any]) -> None:
         ranks, value = payload
-        ranks = range(len(self._children)) if ranks is None else ranks
-        values = self._exchanges.setdefault(tag, {})
+        ranks = list(range(len(self._children))) if ranks is None else ranks
+        expected, values = self._exchanges.setdefault(tag, (ranks, {}))
+        if ranks != expected:
+            self._record_error(self._children[rank], f"exchange {tag!r}: this child lists ranks {ranks}, "
+                                                     f"another listed {expected}; every member must pass the same")
+            return
         values[rank] = value
         if all(r in values for r in ranks):
             del self._exchanges[tag]

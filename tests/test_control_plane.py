@@ -178,3 +178,25 @@ def test_what_a_failed_exec_left_behind_does_not_leak_into_the_next(kids):
     kids.exec(second)
     assert kids.join("go") == [[0, 1, 2]] * 3
     assert kids.wait() == ["go"] * 3
+
+
+def test_exchange_among_listed_ranks(kids):
+    def work(ctx):
+        pair = ctx.exchange("pair", ctx.rank * 10, ranks=[0, 2]) if ctx.rank != 1 else None
+        everyone = ctx.exchange("all", ctx.rank)
+        return pair, everyone
+    kids.exec(work)
+    assert kids.wait() == [([0, 20], [0, 1, 2]), (None, [0, 1, 2]), ([0, 20], [0, 1, 2])]
+
+
+@pytest.mark.parametrize("ranks, message", [([1, 0], "increasing"), ([0, 5], "increasing"), ([1, 2], "leaves out")])
+def test_exchange_refuses_bad_rank_lists(kids, ranks, message):
+    kids.exec(lambda ctx: ctx.exchange("t", 1, ranks=ranks) if ctx.rank == 0 else None)
+    with pytest.raises(ChildError, match=message):
+        kids.wait()
+
+
+def test_exchange_members_must_agree_on_the_ranks(kids):
+    kids.exec(lambda ctx: ctx.exchange("t", 1, ranks=[0, 1] if ctx.rank == 0 else [0, 1, 2]))
+    with pytest.raises(ChildError, match="every member must pass the same"):
+        kids.wait()
