@@ -8,6 +8,7 @@ import Train
 from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
 from conftest import has_gpus
 from harness import Parent
+from harness.mps import MpsDaemon
 from test_train import flat_params
 
 pytestmark = pytest.mark.gpu
@@ -63,7 +64,8 @@ def test_param_mode_under_a_private_mps_daemon(tmp_path, capfd):
                      "--mps")
     assert len({r["checksum"] for r in results}) == 1
     assert "started a private MPS daemon" in capfd.readouterr().out
-    assert not (tmp_path / "mps" / "mps" / "mps-pipe" / "control").exists()      # stopped at the end
+    daemon = MpsDaemon(tmp_path / "mps" / "mps" / "mps-pipe", tmp_path / "mps" / "mps" / "mps-log")
+    assert not daemon.answers()                          # stopped at the end
 
 
 @pytest.mark.parametrize("victim", [0, 1], ids=["leader", "member"])
