@@ -104,6 +104,9 @@ def test_target_error_stops_early(tmp_path):
     (["--lr", "-1"], "--lr must be positive"),
     (["--heartbeat-timeout", "0"], "--heartbeat-timeout must be a positive"),
     (["--seed", "-1"], "--seed must not be negative"),
+    (["--workers-per-gpu", "0"], "--workers-per-gpu must be at least 1"),
+    (["--workers-per-gpu", "2"], "--workers-per-gpu 2 needs GPU workers"),
+    (["--mps"], "--mps needs GPU workers"),
 ])
 def test_bad_input_is_one_line_error_before_any_worker(flags, message, tmp_path):
     result = cli("Train.py", *flags, "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path),
