@@ -26,7 +26,8 @@ import torch
 
 FLAG_STRIDE = 8           # int64 words between two members' flags: one 64-byte cache line each
 MIN_SLOT_BYTES = 1 << 20
-SPIN_BEFORE_SLEEP = 200   # busy checks of a flag before sleeping between checks
+SPIN_SECONDS = 1e-3       # busy-wait this long for a flag (peers are usually microseconds away)
+NAP_SECONDS = 50e-6       # then sleep between checks, handing the core to others
 
 
 def _shm_file(nbytes: int) -> tuple[str, mmap.mmap]:
@@ -220,15 +221,18 @@ class LocalGroup:
         self._memory.wait(self._peer_events[member])
 
     def _await_flag(self, member: int, round_: int) -> None:
-        flag, spins = member * FLAG_STRIDE, 0
-        while self._flags[flag] < round_:
-            spins += 1
-            if spins > SPIN_BEFORE_SLEEP:
-                reason = self._aborted()
-                if reason is not None:
-                    raise RuntimeError(f"rank {self.members[self.index]} stopped waiting for rank "
-                                       f"{self.members[member]} of its GPU: {reason}")
-                time.sleep(50e-6)
+        flag, flags = member * FLAG_STRIDE, self._flags
+        if flags[flag] >= round_:
+            return
+        busy_until = time.perf_counter() + SPIN_SECONDS
+        while flags[flag] < round_:
+            if time.perf_counter() < busy_until:
+                continue
+            reason = self._aborted()
+            if reason is not None:
+                raise RuntimeError(f"rank {self.members[self.index]} stopped waiting for rank "
+                                   f"{self.members[member]} of its GPU: {reason}")
+            time.sleep(NAP_SECONDS)
 
     def ordered(self) -> contextlib.AbstractContextManager:
         """Wrap a round: its GPU work goes on one stream of ours, ordered with the caller's."""
