@@ -23,7 +23,8 @@ T = TypeVar("T")
 log = logging.getLogger("harness")
 
 TICK = 0.1   # seconds between housekeeping passes, and the longest a blocked wait sleeps in poll
-_SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)       # a plain int: pyzmq's flag enums cost microseconds per frame
+# Plain ints: pyzmq's flag enums cost microseconds per frame.
+_SNDMORE, _EVENTS, _POLLIN = int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class Link:
@@ -64,12 +65,9 @@ class Link:
         """Wait up to ``timeout`` s for messages, dispatch all that are waiting, then housekeep."""
         with self.lock:
             if self._poller.poll(int(timeout * 1000)):
-                while True:
-                    try:
-                        frames = self.socket.recv_multipart(_NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._receive(frames)
+                # Asking for the events is cheaper than raising zmq.Again after the last message.
+                while self.socket.getsockopt(_EVENTS) & _POLLIN:
+                    self._receive(self.socket.recv_multipart(copy=False))
             now = time.monotonic()
             if now - self._last_housekeeping >= TICK / 2:
                 self._last_housekeeping = now
