@@ -78,9 +78,9 @@ class HierarchicalCommunicator(Communicator):
         groups = local_groups(keys)
         members = next(g for g in groups if ctx.rank in g)
         prefix = f"group{members[0]}/"
-        memory = CudaIpcMemory() if backend == "nccl" else HostMemory()
         if backend == "nccl":
             torch.cuda.set_device(ctx.device)
+        memory = CudaIpcMemory() if backend == "nccl" else HostMemory()
         self.group = LocalGroup(ctx.rank, members, memory,
                                 lambda tag, value: ctx.exchange(ctx.unique_tag(prefix + tag), value, ranks=members),
                                 lambda: self.aborted)
