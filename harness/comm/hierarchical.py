@@ -189,6 +189,8 @@ class HierarchicalCommunicator(Communicator):
     def _close(self) -> None:
         # The abort hook stays until the group is closed: closing waits for the other members,
         # and only an abort ends that wait when one of them failed.
+        if self.device_type == "cuda" and self.aborted is None:
+            torch.cuda.synchronize()        # rounds ran on the group's stream: finish them before NCCL goes
         try:
             if self.leaders is not None:
                 self.leaders.close()
