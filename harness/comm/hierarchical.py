@@ -92,7 +92,6 @@ class HierarchicalCommunicator(Communicator):
                 from .gloo import GlooCommunicator as Outer
             self.leaders = Outer(_Leaders(ctx, [g[0] for g in groups]))
         self._group_of = {rank: i for i, g in enumerate(groups) for rank in g}
-        self._round = 0
         self._remove_hook = ctx.on_abort(self.abort)
 
     # -- one round: members -> leader -> (leaders' collective) -> members ---------------------------
@@ -102,28 +101,23 @@ class HierarchicalCommunicator(Communicator):
         """``leader_work(acc)`` fills the leader's slot (``result_numel`` elements) from the members'
         slots; ``deliver(result)`` copies this rank's part out of it."""
         group = self.group
-        self._round += 1
+        group.new_round()
         group.reserve(max(t.numel(), result_numel) * t.element_size())
         with group.ordered():
-            self._exchange_slots(group, t, result_numel, leader_work, deliver, contributes)
+            if group.index == 0:
+                for member in range(1, group.size):
+                    group.acquire(member)
+                leader_work(group.slot(0, t.dtype, result_numel))
+                group.publish()
+            else:
+                if contributes:
+                    group.slot(group.index, t.dtype, t.numel()).copy_(t.view(-1))
+                group.publish()
+                group.acquire(0)
+            if deliver is not None:
+                deliver(group.slot(0, t.dtype, result_numel))
         self._check_alive()
         return Work()
-
-    def _exchange_slots(self, group: LocalGroup, t: torch.Tensor, result_numel: int,
-                        leader_work: Callable[[torch.Tensor], None], deliver: Callable[[torch.Tensor], None] | None,
-                        contributes: bool) -> None:
-        if group.index == 0:
-            for member in range(1, group.size):
-                group.acquire(member, self._round)
-            leader_work(group.slot(0, t.dtype, result_numel))
-            group.publish(self._round)
-        else:
-            if contributes:
-                group.slot(group.index, t.dtype, t.numel()).copy_(t.view(-1))
-            group.publish(self._round)
-            group.acquire(0, self._round)
-        if deliver is not None:
-            deliver(group.slot(0, t.dtype, result_numel))
 
     def _member_input(self, member: int, t: torch.Tensor) -> torch.Tensor:
         """On the leader: a member's input of this round (the leader's own is ``t`` itself)."""

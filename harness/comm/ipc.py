@@ -174,12 +174,13 @@ class LocalGroup:
                  exchange: Callable[[str, Any], list], aborted: Callable[[], str | None]):
         self.members, self.index, self.size = members, members.index(rank), len(members)
         self._memory, self._exchange, self._aborted = memory, exchange, aborted
-        self.capacity, self.slots, self._round = 0, [], 0
-        flags_path, flags = _shm_file(FLAG_STRIDE * 8 * self.size) if self.index == 0 else (None, None)
+        self.capacity, self.slots, self.round = 0, [], 0
+        flags_bytes = FLAG_STRIDE * 8 * self.size
+        flags_path, flags = _shm_file(flags_bytes) if self.index == 0 else (None, None)
         self._event, event_handle = memory.new_event()
         try:
             paths, handles = zip(*exchange("group-init", (flags_path, event_handle)))
-            self._flags_map = flags or _map(paths[0], FLAG_STRIDE * 8 * self.size)
+            self._flags_map = flags or _map(paths[0], flags_bytes)
             self._flags = np.frombuffer(self._flags_map, dtype=np.int64)
             self._peer_events = [None if i == self.index else memory.open_event(h) for i, h in enumerate(handles)]
             exchange("group-ready", None)                # every member has mapped the flags
@@ -210,14 +211,18 @@ class LocalGroup:
         self._memory.release(old[self.index:self.index + 1])
         self.capacity = capacity
 
-    def publish(self, round_: int) -> None:
-        """Our slot (or, for the leader, the result) is written as of round ``round_``."""
-        self._memory.record(self._event)
-        self._flags[self.index * FLAG_STRIDE] = self._round = round_
+    def new_round(self) -> None:
+        """Every member starts each collective with this, so rounds are numbered alike."""
+        self.round += 1
 
-    def acquire(self, member: int, round_: int) -> None:
-        """Order what we do next after ``member``'s publication of ``round_``."""
-        self._await_flag(member, round_)
+    def publish(self) -> None:
+        """Our slot (or, for the leader, the result) is written as of this round."""
+        self._memory.record(self._event)
+        self._flags[self.index * FLAG_STRIDE] = self.round
+
+    def acquire(self, member: int) -> None:
+        """Order what we do next after ``member``'s publication of this round."""
+        self._await_flag(member, self.round)
         self._memory.wait(self._peer_events[member])
 
     def _await_flag(self, member: int, round_: int) -> None:
@@ -250,9 +255,10 @@ class LocalGroup:
         self._memory.release([s for i, s in enumerate(self.slots) if i != self.index])
         # A barrier through the flags alone: the function has returned, so the parent may already
         # be starting the next one and must not be asked for an exchange.
-        self._flags[self.index * FLAG_STRIDE] = self._round = self._round + 1
+        self.new_round()
+        self._flags[self.index * FLAG_STRIDE] = self.round
         for member in range(self.size):
-            self._await_flag(member, self._round)
+            self._await_flag(member, self.round)
         self._memory.release(mine)                  # nobody maps our slot any more
         self.slots = []
         self._memory.close_events(self._event, [e for e in self._peer_events if e is not None])
