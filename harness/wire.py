@@ -55,9 +55,9 @@ def _sha256(view: memoryview) -> bytes:
 
 def sign(key: bytes, frames: Sequence[Any]) -> bytes:
     """HMAC-SHA256 over length-prefixed frames; large frames enter as their chunk digests."""
-    if len(frames) == 1 and memoryview(frames[0]).nbytes < IN_BAND_MAX:
+    if len(frames) == 1 and (size := memoryview(frames[0]).nbytes) < IN_BAND_MAX:
         # A control message: the one-shot C digest costs a microsecond, the streaming object ten.
-        return hmac.digest(key, memoryview(frames[0]).nbytes.to_bytes(8, "little") + frames[0], "sha256")
+        return hmac.digest(key, size.to_bytes(8, "little") + frames[0], "sha256")
     mac = hmac.new(key, digestmod=hashlib.sha256)
     for frame in frames:
         view = memoryview(frame).cast("B")

@@ -263,22 +263,31 @@ def print_rows(rows: list[dict]) -> None:
               f"{r['scaling_efficiency']:>8.1%} {r['of_ceiling']:>10.1%} {r['vs_ddp']:>7.2f}")
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def bar_chart(panels: list[tuple[str, list[str], list[float], list[str]]], ylabel: str, path: Path,
+              baseline: float | None = None) -> None:
+    """One bar panel per (title, labels, values, colours), side by side, saved as a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    groups = sorted({(r["model"], r["gpus"]) for r in rows}, key=lambda g: (g[1], g[0]))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 4), squeeze=False)
-    for ax, (model, gpus) in zip(axes[0], groups):
-        mine = [r for r in rows if (r["model"], r["gpus"]) == (model, gpus) and r["variant"] != "single"]
-        ax.bar([r["variant"] for r in mine], [r["vs_ddp"] for r in mine],
-               color=["#999" if r["variant"] in ("independent", "ddp") else "#2a7" for r in mine])
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_title(f"{model}, {gpus} GPUs")
-        ax.set_ylabel("throughput / DDP")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
+    for ax, (title, labels, values, colours) in zip(axes[0], panels):
+        ax.bar(labels, values, color=colours)
+        if baseline is not None:
+            ax.axhline(baseline, color="k", lw=0.8)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    panels = []
+    for model, gpus in sorted({(r["model"], r["gpus"]) for r in rows}, key=lambda g: (g[1], g[0])):
+        mine = [r for r in rows if (r["model"], r["gpus"]) == (model, gpus) and r["variant"] != "single"]
+        panels.append((f"{model}, {gpus} GPUs", [r["variant"] for r in mine], [r["vs_ddp"] for r in mine],
+                       ["#999" if r["variant"] in ("independent", "ddp") else "#2a7" for r in mine]))
+    bar_chart(panels, "throughput / DDP", path, baseline=1.0)
 
 
 def main() -> None:

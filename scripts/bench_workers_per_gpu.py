@@ -12,6 +12,7 @@ private control daemon is started for the configuration (nothing else on the mac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_vs_ddp import autocast_for, build, spec_for, time_steps  # noqa: E402
+from bench_vs_ddp import autocast_for, bar_chart, build, spec_for, time_steps  # noqa: E402
 
 
 def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float:
@@ -42,7 +43,6 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
 
 def measure(spec: dict, gpus: int, k: int, mps: bool, args: argparse.Namespace) -> float:
     """The slowest rank's median step time, in seconds."""
-    import contextlib
     from harness import Parent
     from harness.mps import start_mps
     with contextlib.ExitStack() as stack:
@@ -78,20 +78,13 @@ def print_rows(table: list[dict]) -> None:
 
 
 def plot(table: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    groups = sorted({(r["model"], r["gpus"]) for r in table})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.6), squeeze=False)
-    for ax, (model, gpus) in zip(axes[0], groups):
+    panels = []
+    for model, gpus in sorted({(r["model"], r["gpus"]) for r in table}):
         mine = [r for r in table if (r["model"], r["gpus"]) == (model, gpus)]
-        labels = [f"K={r['workers_per_gpu']}{' MPS' if r['mps'] else ''}" for r in mine]
-        ax.bar(labels, [r["samples_per_s"] for r in mine], color=["#2a7" if r["mps"] else "#999" for r in mine])
-        ax.set_title(f"{model}, {gpus} GPU{'s' if gpus > 1 else ''}")
-        ax.set_ylabel("samples/s (all workers)")
-        ax.tick_params(axis="x", rotation=45)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        panels.append((f"{model}, {gpus} GPU{'s' if gpus > 1 else ''}",
+                       [f"K={r['workers_per_gpu']}{' MPS' if r['mps'] else ''}" for r in mine],
+                       [r["samples_per_s"] for r in mine], ["#2a7" if r["mps"] else "#999" for r in mine]))
+    bar_chart(panels, "samples/s (all workers)", path)
 
 
 def main() -> None:
