@@ -249,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"Train.py: error: {e}", file=sys.stderr)
         return 2
-    where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "") \
-        if gpus else f"{config['workers']} CPU workers"
+    where = f"{config['workers']} CPU workers"
+    if gpus:
+        where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "")
     print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
           f"mode {config['mode']}")
     try:
