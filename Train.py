@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--resume", default=None, help="checkpoint to continue from, exactly where it stopped")
     a("--seed", type=int, default=0)
     a("--amp", choices=("bf16",), default=None, help="bf16 autocast")
+    a("--tf32", action=argparse.BooleanOptionalAction, default=True,
+      help="GPU: fp32 matmuls and convolutions on TF32 tensor cores (default on; --no-tf32 for full fp32, "
+           "e.g. to compare runs to 1e-5)")
     a("--cuda-graph", action="store_true",
       help="GPU: capture the whole step (forward, backward, all-reduce, optimizer) in a CUDA graph and replay "
            "it; its 3 warm-up updates use the first batch. Falls back to eager, with a message, if capture fails")
@@ -126,7 +129,7 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "batch_size": args.batch_size, "epochs": args.epochs, "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
         "save": args.save or None, "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
-        "amp": args.amp, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
+        "amp": args.amp, "tf32": args.tf32, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
         "workers": len(gpus) * args.workers_per_gpu or args.cpu_workers, "mps": args.mps,
     }
     _check_data_and_model(config)

@@ -97,8 +97,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
     device = ctx.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config["tf32"]
     train, val, _ = load_data(config)
     x_train, y_train = on_device(train, device)
     model, optimizer = build(config, train.info, device)

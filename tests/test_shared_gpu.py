@@ -33,7 +33,7 @@ def test_every_op_dtype_and_placement_matches_float64_reference(workers, gpus):
 
 
 def run(tmp_path, name, *flags):
-    args = Train.parse_args(["--epochs", "1", "--seed", "3", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1",
+    args = Train.parse_args(["--epochs", "1", "--seed", "3", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--no-tf32",
                              "--save", str(tmp_path / f"{name}.pt"), "--log-dir", str(tmp_path / name), *flags])
     return Train.train(*Train.make_config(args)), tmp_path / f"{name}.pt"
 
