@@ -140,7 +140,8 @@ def profile_steps(step, steps: int = 10) -> dict:
     events = prof.key_averages()
     return {"cpu_ms_per_step": sum(e.self_cpu_time_total for e in events) / steps / 1e3,
             "gpu_ms_per_step": sum(e.self_device_time_total for e in events) / steps / 1e3,
-            "table": events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)}
+            "table": events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48),
+            "gpu_table": events.table(sort_by="self_device_time_total", row_limit=8, max_name_column_width=48)}
 
 
 def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int,
@@ -318,7 +319,7 @@ def main() -> None:
         merged = {key: max(r[key] for r in results if key in r) for key in results[0] if key not in profiles}
         for key, found in profiles.items():
             print(f"--- profile {key} on {n} GPUs: host {found['cpu_ms_per_step']:.3f} ms/step, "
-                  f"GPU kernels {found['gpu_ms_per_step']:.3f} ms/step\n{found['table']}")
+                  f"GPU kernels {found['gpu_ms_per_step']:.3f} ms/step\n{found['table']}\n{found['gpu_table']}")
         rows += table(merged, specs, n)
         print_rows([r for r in rows if r["gpus"] == n])
         if args.first_step_model:

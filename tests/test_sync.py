@@ -13,8 +13,8 @@ class RecordingComm:
         self.calls = []
 
     def all_reduce(self, t, op="sum", async_op=False):
-        self.calls.append((t.data_ptr(), t.numel(), op))
-        return Work()
+        self.calls.append((t.data_ptr(), t.numel(), op, async_op))
+        return Work() if async_op else None
 
 
 def _model():
@@ -34,7 +34,19 @@ def test_buckets_tile_the_flat_gradient_in_reverse_order():
     model(torch.randn(8, 20)).sum().backward()
     sync.after_backward()
     assert [c[:2] for c in comm.calls] == [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets]
-    assert {c[2] for c in comm.calls} == {"avg"}
+    assert {c[2:] for c in comm.calls} == {("avg", True)}
+
+
+def test_a_model_in_one_bucket_gets_one_synchronous_all_reduce_and_no_hooks():
+    model = _model()
+    flat = FlatParameters(model)
+    comm = RecordingComm()
+    sync = BucketedGradientAveraging(comm, flat)                        # 25 MB: the whole model
+    assert len(sync.buckets) == 1 and sync._hooks == []
+    model(torch.randn(8, 20)).sum().backward()
+    assert comm.calls == []                                             # nothing launched during backward
+    sync.after_backward()
+    assert comm.calls == [(flat.grads[0].data_ptr(), flat.grads[0].numel(), "avg", False)]
 
 
 def test_buckets_launch_in_index_order_even_when_gradients_arrive_out_of_order():
