@@ -127,7 +127,7 @@ def time_steps(step, warmup: int, windows: int, per_window: int) -> float:
     return statistics.median(seconds)
 
 
-def profile_steps(step, steps: int = 10) -> dict:
+def profile_steps(step, steps: int = 5) -> dict:
     """Where a step's time goes: host (CPU) time against device (GPU kernel) time per step, and the
     operators with the most host time. A step is launch-bound when the first exceeds the second."""
     import torch
@@ -163,8 +163,10 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
             step, keep = make_variant(variant, spec, comm)
             seconds = time_steps(step, warmup, windows, per_window)
             results[f"{spec['name']}/{variant}"] = seconds
-            if profile and ctx.rank == 0:
-                results[f"{spec['name']}/{variant}/profile"] = profile_steps(step)
+            if profile:            # on every rank: a rank profiling alone would be a lone collective caller
+                found = profile_steps(step)
+                if ctx.rank == 0:
+                    results[f"{spec['name']}/{variant}/profile"] = found
             del step, keep
             torch.cuda.empty_cache()
             if variant == "single":
@@ -299,11 +301,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
-    parser.add_argument("--profile", action="store_true", help="also profile 10 steps of each variant on rank 0")
+    parser.add_argument("--profile", action="store_true", help="also profile 5 steps of each variant (rank 0's profile is printed)")
     parser.add_argument("--first-step-model", default="resnet50", help="model for the time-to-first-step race ('' to skip)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--first-step-run", choices=("harness", "ddp"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    missing = [v for v in ("single", "independent", "ddp") if v not in args.variants]
+    if missing:
+        parser.error(f"--variants lacks {', '.join(missing)}: the table's ratios are taken against them")
     specs = [spec_for(m) for m in args.models]
     if args.first_step_run:
         run_first_step(args.first_step_run, specs[0], args.gpus[0])
