@@ -173,14 +173,17 @@ class Progress:
     """The parent's view of a run: a tqdm bar, Train.lua-style epoch lines, and the metrics log."""
 
     def __init__(self, config: dict, steps_per_epoch: int, log: MetricsLog):
-        from tqdm import tqdm
         self.config, self.log = config, log
-        self.bar = tqdm(total=steps_per_epoch * config["epochs"], unit="update", dynamic_ncols=True)
+        self.total = steps_per_epoch * config["epochs"]
+        self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
 
     def handle(self, record: dict) -> None:
+        from tqdm import tqdm
         event = record["event"]
         self.log.write({"time": time.time(), **record})
         if "step" in record:
+            if self.bar is None:
+                self.bar = tqdm(total=self.total, initial=record["step"], unit="update", dynamic_ncols=True)
             self.bar.update(record["step"] - self.bar.n)
         if event == "step":
             self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.config['epochs']}")
@@ -188,15 +191,16 @@ class Progress:
         elif event == "epoch":
             self.bar.set_description(f"epoch {record['epoch']}/{self.config['epochs']}")
             val = record["val_error"]
-            self.bar.write(f"Epoch {record['epoch']}/{self.config['epochs']}: average loss per sample "
+            tqdm.write(f"Epoch {record['epoch']}/{self.config['epochs']}: average loss per sample "
                            f"{record['train_loss']:.4f}"
                            + (f", validation error {val:.2%}" if val is not None else "")
                            + f" ({record['seconds']:.1f} s)")
         elif event == "done" and record["stop"]:
-            self.bar.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
+            tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 @contextlib.contextmanager
