@@ -114,6 +114,7 @@ class Children:
         self._exec_ids = itertools.count(1)
         self._exec_id = 0
         self._exchanges: dict[str, tuple[list[int], dict[int, Any]]] = {}
+        self._first_error: int | None = None     # rank whose error began this exec's failure
         self._failure: ChildFailed | None = None
         self._stopping = False
         self._children: list[_Child] = []
@@ -144,6 +145,7 @@ class Children:
         self._raise_if_failed()
         self._exec_id = next(self._exec_ids)
         self._exchanges.clear()
+        self._first_error = None
         for child in self._children:
             child.outcome = None
             for box in child.inbox.values():
@@ -235,11 +237,11 @@ class Children:
         Deaths are looked for before errors are reported: when a peer dies mid-collective, the
         survivors' "connection reset" errors can arrive before the death is noticed."""
         self._raise_if_failed()
-        for child in self._children:
-            if child.outcome and child.outcome[0] == self._exec_id and child.outcome[1] == "error":
-                self._await_deaths(DEATH_GRACE)
-                self._raise_if_failed()
-                raise ChildError(child.rank, child.outcome[2])
+        if self._first_error is not None:
+            self._await_deaths(DEATH_GRACE)
+            self._raise_if_failed()
+            child = self._children[self._first_error]
+            raise ChildError(child.rank, child.outcome[2])
 
     def _await_deaths(self, grace: float) -> None:
         """Look for a death among the children still running, for up to ``grace`` seconds. A SIGKILLed
@@ -273,17 +275,25 @@ class Children:
         elif kind in ("yield", "data") and ident == self._exec_id:      # what older execs left is moot
             child.inbox[kind].append(payload)
         elif kind == "undecodable":
-            self._record_error(child, "the parent could not decode a message from this child:\n" + payload)
+            self._record_error(child, "the parent could not decode a message from this child:\n" + payload,
+                               still_running=True)
         elif kind == "error" and ident in (None, self._exec_id):        # None: the exec never decoded
             self._record_error(child, payload)
-        elif kind == "result" and ident == self._exec_id:
+        elif kind == "result" and ident == self._exec_id and child.outcome is None:   # not after an error
             child.outcome = (ident, kind, payload)
         elif kind == "exchange":
             self._exchange(rank, ident, payload)
 
-    def _record_error(self, child: _Child, text: str) -> None:
+    def _record_error(self, child: _Child, text: str, still_running: bool = False) -> None:
+        """Keep the first error of this exec for each child, and report the exec's first one: the
+        errors that follow (PeerFailed, mostly) are what the abort sent for it caused. An error the
+        parent found (``still_running``) also aborts the child itself, which may be waiting."""
+        if child.outcome and child.outcome[0] == self._exec_id and child.outcome[1] == "error":
+            return
         child.outcome = (self._exec_id, "error", text)
-        self._abort_others(child.rank, f"child {child.rank} raised an exception")
+        if self._first_error is None:
+            self._first_error = child.rank
+        self._abort_others(None if still_running else child.rank, f"child {child.rank} raised an exception")
 
     def _exchange(self, rank: int, tag: str, payload: tuple[list[int] | None, Any]) -> None:
         ranks, value = payload
@@ -291,7 +301,8 @@ class Children:
         expected, values = self._exchanges.setdefault(tag, (ranks, {}))
         if ranks != expected:
             self._record_error(self._children[rank], f"exchange {tag!r}: this child lists ranks {ranks}, "
-                                                     f"another listed {expected}; every member must pass the same")
+                                                     f"another listed {expected}; every member must pass the same",
+                               still_running=True)
             return
         values[rank] = value
         if all(r in values for r in ranks):
@@ -300,7 +311,7 @@ class Children:
             for r in ranks:
                 self._send_if_alive(self._children[r], ("exchange", tag, gathered))
 
-    def _abort_others(self, rank: int, reason: str) -> None:
+    def _abort_others(self, rank: int | None, reason: str) -> None:
         for child in self._children:
             if child.rank != rank and child.connected:
                 self._send_if_alive(child, ("abort", self._exec_id, reason))

@@ -1,4 +1,6 @@
 """The fork/exec/join/send/receive API on CPU children, sharing one group across tests."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -197,6 +199,12 @@ def test_exchange_refuses_bad_rank_lists(kids, ranks, message):
 
 
 def test_exchange_members_must_agree_on_the_ranks(kids):
-    kids.exec(lambda ctx: ctx.exchange("t", 1, ranks=[0, 1] if ctx.rank == 0 else [0, 1, 2]))
+    def disagree(ctx):
+        time.sleep(0.2 * ctx.rank)                  # ranks 1 and 2 are refused in turn
+        return ctx.exchange("t", 1, ranks=[0, 1] if ctx.rank == 0 else [0, 1, 2])
+    kids.exec(disagree)
+    # Meanwhile the housekeeping thread takes every message, also rank 1's PeerFailed (caused by
+    # the abort that rank 2's refusal sent): the first error must still be the one reported.
+    time.sleep(1.5)
     with pytest.raises(ChildError, match="every member must pass the same"):
         kids.wait()
