@@ -192,9 +192,9 @@ class Progress:
             self.bar.set_description(f"epoch {record['epoch']}/{self.config['epochs']}")
             val = record["val_error"]
             tqdm.write(f"Epoch {record['epoch']}/{self.config['epochs']}: average loss per sample "
-                           f"{record['train_loss']:.4f}"
-                           + (f", validation error {val:.2%}" if val is not None else "")
-                           + f" ({record['seconds']:.1f} s)")
+                       f"{record['train_loss']:.4f}"
+                       + (f", validation error {val:.2%}" if val is not None else "")
+                       + f" ({record['seconds']:.1f} s)")
         elif event == "done" and record["stop"]:
             tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
 

@@ -112,19 +112,29 @@ def make_variant(variant: str, spec: dict, comm):
     return step, (model, train_step)
 
 
-def time_steps(step, warmup: int, windows: int, per_window: int) -> float:
+def time_windows(step, warmup: int, windows: int, per_window: int,
+                 before_window=lambda: None) -> tuple[list[float], list[float]]:
+    """Seconds per step in each timed window: (wall, host). Wall runs until the GPU has finished
+    the window; host until the last step's call returned (host ~ wall: the host is the bottleneck)."""
     import torch
     for _ in range(warmup):
         step()
-    seconds = []
+    walls, hosts = [], []
     for _ in range(windows):
         torch.cuda.synchronize()
+        before_window()
         start = time.perf_counter()
         for _ in range(per_window):
             step()
+        hosts.append((time.perf_counter() - start) / per_window)
         torch.cuda.synchronize()
-        seconds.append((time.perf_counter() - start) / per_window)
-    return statistics.median(seconds)
+        walls.append((time.perf_counter() - start) / per_window)
+    return walls, hosts
+
+
+def time_steps(step, warmup: int, windows: int, per_window: int) -> float:
+    """Median wall seconds per step over the timed windows."""
+    return statistics.median(time_windows(step, warmup, windows, per_window)[0])
 
 
 def profile_steps(step, steps: int = 5) -> dict:

@@ -20,59 +20,42 @@ Variants (a name may be repeated with a suffix, e.g. ``none-again``, to see drif
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_vs_ddp import autocast_for, build, spec_for  # noqa: E402
+from bench_vs_ddp import make_variant, spec_for, time_windows  # noqa: E402
 
-BASES = ("none", "hooks", "flat", "bucketed", "param8", "ddp")
+BASES = {"none": "independent", "hooks": "independent", "flat": "harness-flat", "bucketed": "harness",
+         "param8": "harness-param8", "ddp": "ddp"}     # this script's name: bench_vs_ddp.py's variant
 
 
 def make_step(variant: str, spec: dict, comm):
-    """A step function for ``variant`` and the hooks to remove afterwards."""
+    """bench_vs_ddp.py's step for ``variant``'s base, with its extras; returns (step, what to keep
+    alive, hooks to remove afterwards)."""
     import torch
-    from harness.flat import FlatParameters
-    from harness.step import TrainStep
-    from harness.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
-    from models import loss_fn
-    model, optimizer, x, y = build(spec)
-    flat = FlatParameters(model)
-    if "fusedopt" in variant:
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
-    if "flatopt" in variant:
-        whole = torch.nn.Parameter(flat.params[0])
-        whole.grad = flat.grads[0]
-        optimizer = torch.optim.SGD([whole], lr=0.01, momentum=0.9, fused=True)
     base = next(b for b in BASES if variant.startswith(b))
+    step, keep = make_variant(BASES[base], spec, comm)
+    extras = [e for e in ("fusedopt", "flatopt") if e in variant]
     if base == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-        ddp = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True, static_graph=True)
-
-        def ddp_step():
-            loss = loss_fn(ddp(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        return ddp_step, []
-    sync = {"flat": lambda: GradientAveraging(comm, flat),
-            "bucketed": lambda: BucketedGradientAveraging(comm, flat),
-            "param8": lambda: ParameterAveraging(comm, flat, every=8)}.get(base, lambda: Synchroniser(comm, flat))()
+        if extras:
+            raise ValueError(f"{variant}: +fusedopt and +flatopt apply to the harness's own steps, not to ddp")
+        return step, keep, []
+    model, train_step = keep
+    if "fusedopt" in extras:
+        train_step.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
+    if "flatopt" in extras:
+        whole = torch.nn.Parameter(train_step.flat.params[0])
+        whole.grad = train_step.flat.grads[0]
+        train_step.optimizer = torch.optim.SGD([whole], lr=0.01, momentum=0.9, fused=True)
     hooks = [p.register_post_accumulate_grad_hook(lambda p: None) for p in model.parameters()] if base == "hooks" else []
-    train_step = TrainStep(model, optimizer, flat, sync, loss_fn, autocast_for(spec))
-    done = [0]
-
-    def step():
-        train_step(x, y)
-        done[0] += 1
-        sync.after_step(done[0])
-    return step, hooks
+    return step, keep, hooks
 
 
 def worker(ctx, model_name: str, variants: list[str], windows: int, steps: int) -> dict:
+    import statistics
+
     import torch
     from harness.comm.store import init_torch_distributed
     torch.cuda.set_device(0)
@@ -83,24 +66,12 @@ def worker(ctx, model_name: str, variants: list[str], windows: int, steps: int) 
     out = {}
     for variant in variants:
         comm.barrier()
-        step, hooks = make_step(variant, spec, comm)
-        for _ in range(20):
-            step()
-        walls, hosts = [], []
-        for _ in range(windows):
-            torch.cuda.synchronize()
-            comm.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            host = time.perf_counter()
-            torch.cuda.synchronize()
-            walls.append((time.perf_counter() - start) / steps * 1e3)
-            hosts.append((host - start) / steps * 1e3)
-        out[variant] = (statistics.median(walls), statistics.median(hosts))
+        step, keep, hooks = make_step(variant, spec, comm)
+        walls, hosts = time_windows(step, 20, windows, steps, before_window=comm.barrier)
+        out[variant] = (statistics.median(walls) * 1e3, statistics.median(hosts) * 1e3)
         for hook in hooks:
             hook.remove()
-        del step
+        del step, keep
         torch.cuda.empty_cache()
     torch.distributed.destroy_process_group()
     return out
@@ -114,7 +85,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="steps per timed window")
     parser.add_argument("--variants", nargs="+", default=["none", "hooks", "flat", "bucketed", "param8", "ddp"])
     args = parser.parse_args()
-    unknown = [v for v in args.variants if not v.startswith(BASES)]
+    unknown = [v for v in args.variants if not v.startswith(tuple(BASES))]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; each must start with one of {', '.join(BASES)}")
     from harness import Parent
