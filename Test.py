@@ -37,10 +37,11 @@ MAX_CONFUSION_CLASSES = 1000      # beyond this (a language model's vocabulary) 
 def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
     """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the
     test split, or for very many classes the pair (correct, counted) as a 1 x 2 tensor."""
+    from harness.pipeline import default_data_workers, evaluation_batches
     from harness.train import autocast, build, load_data
     config = state["config"]
     device = ctx.device if ctx is not None else torch.device("cpu")
-    _, _, test = load_data(config)
+    test = _test_split(load_data(config), config)
     model, _ = build(config, test.info, device)
     model.load_state_dict(state["model"])
     model.eval()
@@ -49,11 +50,10 @@ def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
     full = classes <= MAX_CONFUSION_CLASSES
     confusion = torch.zeros((classes, classes) if full else (1, 2), dtype=torch.int64)
     with torch.no_grad():
-        for start in range(rank * batch_size, len(test), world * batch_size):
-            x = test.x[start:start + batch_size].to(device)
-            y = test.y[start:start + batch_size]
+        for x, y in evaluation_batches(test, rank, world, batch_size, device, default_data_workers(world)):
             with autocast(config, device):
                 predicted = model(x).argmax(-1).cpu()
+            y = y.cpu()
             if full:
                 confusion += torch.bincount((y * classes + predicted).flatten(),
                                             minlength=classes * classes).view(classes, classes)
@@ -62,25 +62,34 @@ def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
     return confusion
 
 
+def _test_split(data, config: dict):
+    if data.test is None:
+        raise FileNotFoundError(f"dataset {config['dataset']} has no test split to evaluate (its factory "
+                                "returned None for 'val')")
+    return data.test
+
+
 def examples(state: dict) -> list[dict]:
     """A few test samples with the model's prediction (the seed's oddeven lines for oddeven)."""
-    from datasets import decode_oddeven
+    from harness.checkout.datasets import decode_oddeven
+    from harness.pipeline import evaluation_batches
     from harness.train import build, load_data
     config = state["config"]
-    _, _, test = load_data(config)
+    test = _test_split(load_data(config), config)
     model, _ = build(config, test.info, torch.device("cpu"))
     model.load_state_dict(state["model"])
     model.eval()
+    x, y = next(evaluation_batches(test, 0, max(1, len(test) // EXAMPLES), EXAMPLES, torch.device("cpu")))
     with torch.no_grad():
-        probabilities = model(test.x[:EXAMPLES]).float().softmax(-1)
+        probabilities = model(x).float().softmax(-1)
     if config["dataset"] == "oddeven":
-        numbers = decode_oddeven(test.x[:EXAMPLES])
+        numbers = decode_oddeven(x)
         return [{"input": int(n), "p_odd": float(p[1])} for n, p in zip(numbers, probabilities)]
     names = test.info.class_names or tuple(str(c) for c in range(test.info.num_classes))
     out = []
-    for y, p in zip(test.y[:EXAMPLES], probabilities):
-        if y.dim() == 0:
-            out.append({"label": names[int(y)], "prediction": names[int(p.argmax())], "confidence": float(p.max())})
+    for label, p in zip(y, probabilities):
+        if label.dim() == 0:
+            out.append({"label": names[int(label)], "prediction": names[int(p.argmax())], "confidence": float(p.max())})
     return out
 
 

@@ -32,9 +32,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.add_argument
     a("--model", default="mlp", help="registry name (cnn, gpt, mlp, oddeven, resnet18, resnet50) or package.module:factory")
     a("--model-options", default="{}", help='JSON options for the model factory, e.g. \'{"hidden": [256]}\'')
-    a("--dataset", default="digits", help="cifar10, digits, mnist, oddeven or synthetic")
-    a("--dataset-options", default="{}", help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic')
-    a("--data-dir", default=None, help="where mnist/cifar10 files are (default ./data)")
+    a("--dataset", default="digits",
+      help="in memory: cifar10, digits, mnist, oddeven, synthetic; streamed from --data-dir: imagefolder "
+           "(DIR/train/<class>/*.jpg and DIR/val/), tokens (DIR/train.bin and val.bin); or "
+           "package.module:factory returning a torch Dataset (called as factory(split, data_dir, **options))")
+    a("--dataset-options", default="{}",
+      help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic, \'{"crop": 224, "resize": 256}\' '
+           'for imagefolder, \'{"block_size": 1024, "dtype": "uint16", "vocab_size": 50257}\' for tokens')
+    a("--data-dir", default=None, help="the dataset's folder (default ./data for mnist/cifar10)")
+    a("--data-workers", type=int, default=None,
+      help="loader processes per worker for streamed datasets (default: the host's cores shared out among "
+           "the workers, one left for training, at most 16; 0 loads in the training process)")
     a("--gpus", default=None, help="'all' or GPU indices like 0,1 (default: all GPUs if any, else CPU workers)")
     a("--cpu-workers", type=int, default=2, help="number of CPU workers when no GPU is used (default 2)")
     a("--workers-per-gpu", type=int, default=1,
@@ -58,12 +66,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--weight-decay", type=float, default=0.0)
     a("--batch-size", type=int, default=32, help="per worker (default 32)")
     a("--epochs", type=int, default=10)
+    a("--max-steps", type=int, default=None, help="train this many updates in all (overrides --epochs)")
     a("--val-fraction", type=float, default=0.1, help="share of the training set held out for validation")
     a("--validate-every", type=int, default=0, help="validate every N updates (default: at each epoch's end)")
     a("--target-error", type=float, default=None, help="stop once the validation error is at most this (e.g. 0.02)")
     a("--patience", type=int, default=0, help="stop after this many validations without improvement (0: never)")
     a("--save", default=DEFAULT_SAVE, help=f"checkpoint path (default {DEFAULT_SAVE}); '' to not save")
     a("--save-every", type=int, default=1, help="save every N epochs (default 1) and at the end")
+    a("--save-every-steps", type=int, default=0,
+      help="also save every N updates, mid-epoch too (default 0: off); --resume continues exactly from there")
     a("--resume", default=None, help="checkpoint to continue from, exactly where it stopped")
     a("--seed", type=int, default=0)
     a("--amp", choices=("bf16",), default=None, help="bf16 autocast")
@@ -80,8 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     """Check every input that can be checked before starting workers; returns (config, gpus)."""
-    from datasets import dataset_names
-    from models import MODELS
+    from harness.checkout.datasets import dataset_names, is_known
+    from harness.checkout.models import MODELS
+    from harness.pipeline import default_data_workers
 
     def json_option(name: str, text: str) -> dict:
         try:
@@ -92,15 +104,18 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
             raise ConfigError(f"--{name} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
         return value
 
-    if args.dataset not in dataset_names():
-        raise ConfigError(f"unknown dataset '{args.dataset}'; valid names: {', '.join(dataset_names())}")
+    if not is_known(args.dataset):
+        raise ConfigError(f"unknown dataset '{args.dataset}'; valid names: {', '.join(dataset_names())}, "
+                          "or package.module:factory")
     if args.model not in MODELS and ":" not in args.model:
         raise ConfigError(f"unknown model '{args.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
     for name in ("batch_size", "epochs", "avg_every", "cpu_workers", "workers_per_gpu"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    for name in ("seed", "patience", "validate_every", "save_every", "weight_decay"):
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
+    for name in ("seed", "patience", "validate_every", "save_every", "save_every_steps", "weight_decay"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
     if args.heartbeat_timeout <= 0:
@@ -118,6 +133,9 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     if not gpus and (args.workers_per_gpu > 1 or args.mps):
         flag = "--mps" if args.mps else f"--workers-per-gpu {args.workers_per_gpu}"
         raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
+    if args.data_workers is not None and args.data_workers < 0:
+        raise ConfigError(f"--data-workers must not be negative, got {args.data_workers}")
+    workers = len(gpus) * args.workers_per_gpu or args.cpu_workers
     momentum = args.momentum if args.momentum is not None else (0.9 if args.optimizer == "sgd" else 0.0)
     config = {
         "model": args.model, "model_options": json_option("model-options", args.model_options),
@@ -126,13 +144,16 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "avg_optimizer_state": args.avg_optimizer_state, "grad_sync": args.grad_sync,
         "bucket_mb": args.bucket_mb, "reduce_dtype": args.reduce_dtype, "optimizer": args.optimizer, "lr": args.lr,
         "momentum": momentum, "nesterov": args.nesterov, "weight_decay": args.weight_decay,
-        "batch_size": args.batch_size, "epochs": args.epochs, "val_fraction": args.val_fraction,
+        "batch_size": args.batch_size, "epochs": args.epochs, "max_steps": args.max_steps,
+        "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
-        "save": args.save or None, "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
+        "save": args.save or None, "save_every": args.save_every, "save_every_steps": args.save_every_steps,
+        "resume": args.resume, "seed": args.seed,
         "amp": args.amp, "tf32": args.tf32, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
-        "workers": len(gpus) * args.workers_per_gpu or args.cpu_workers, "mps": args.mps,
+        "workers": workers, "mps": args.mps,
+        "data_workers": args.data_workers if args.data_workers is not None else default_data_workers(workers),
     }
-    _check_data_and_model(config)
+    config["samples"] = _check_data_and_model(config)
     if config["save"]:
         try:
             check_writable(config["save"])
@@ -144,29 +165,37 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         except CheckpointError as e:
             raise ConfigError(str(e)) from None
         shape = ("model", "model_options", "dataset", "dataset_options", "optimizer")
+        if saved.get("position"):       # mid-epoch: the rest of the epoch's order depends on these too
+            shape += ("seed", "batch_size", "workers")
         differ = [k for k in shape if saved["config"].get(k) != config[k]]
         if differ:
             raise ConfigError(f"--resume {config['resume']} was trained with "
                               + ", ".join(f"--{k.replace('_', '-')} {saved['config'].get(k)!r}" for k in differ)
-                              + "; pass the same values to continue it")
+                              + "; pass the same values to continue it"
+                              + (" (it stopped mid-epoch)" if saved.get("position") else ""))
     return config, gpus
 
 
-def _check_data_and_model(config: dict) -> None:
-    """Load the data and build the model once in the parent: a missing file, a bad option or a
-    batch larger than a worker's shard fails here, not in every worker."""
+def _check_data_and_model(config: dict) -> int:
+    """Check the data's cheap facts (a streamed dataset is scanned and one sample of each split
+    decoded; nothing is loaded whole) and build the model on the meta device: a missing file, a bad
+    option or a batch larger than a worker's shard fails here, not in every worker. Returns the
+    number of training samples."""
     import torch
-    from harness.train import build, load_data
+    from harness.checkout.datasets import check_data
+    from harness.train import build
     try:
-        train, _, _ = load_data(config)
+        info, samples = check_data(config["dataset"], config["data_dir"], seed=config["seed"],
+                                   val_fraction=config["val_fraction"], **config["dataset_options"])
         with torch.device("meta"):          # checks the model's options without allocating its weights
-            build(config, train.info, torch.device("meta"))
+            build(config, info, torch.device("meta"))
     except (FileNotFoundError, ValueError, TypeError, ImportError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    shard = len(train) // config["workers"]
+    shard = samples // config["workers"]
     if config["batch_size"] > shard:
         raise ConfigError(f"--batch-size {config['batch_size']} is larger than a worker's shard ({shard} samples "
-                          f"of {len(train)} over {config['workers']} workers); use at most {shard}")
+                          f"of {samples} over {config['workers']} workers); use at most {shard}")
+    return samples
 
 
 class Progress:
@@ -174,7 +203,8 @@ class Progress:
 
     def __init__(self, config: dict, steps_per_epoch: int, log: MetricsLog):
         self.config, self.log = config, log
-        self.total = steps_per_epoch * config["epochs"]
+        self.total = config["max_steps"] or steps_per_epoch * config["epochs"]
+        self.epochs = -(-self.total // steps_per_epoch)
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
 
     def handle(self, record: dict) -> None:
@@ -186,12 +216,12 @@ class Progress:
                 self.bar = tqdm(total=self.total, initial=record["step"], unit="update", dynamic_ncols=True)
             self.bar.update(record["step"] - self.bar.n)
         if event == "step":
-            self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.config['epochs']}")
+            self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.epochs}")
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
         elif event == "epoch":
-            self.bar.set_description(f"epoch {record['epoch']}/{self.config['epochs']}")
+            self.bar.set_description(f"epoch {record['epoch']}/{self.epochs}")
             val = record["val_error"]
-            tqdm.write(f"Epoch {record['epoch']}/{self.config['epochs']}: average loss per sample "
+            tqdm.write(f"Epoch {record['epoch']}/{self.epochs}: average loss per sample "
                        f"{record['train_loss']:.4f}"
                        + (f", validation error {val:.2%}" if val is not None else "")
                        + f" ({record['seconds']:.1f} s)")
@@ -224,9 +254,8 @@ def mps_for(config: dict) -> Iterator[dict[str, str]]:
 
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> list[dict]:
     """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries."""
-    from harness.train import load_data, train_worker
-    train_split, _, _ = load_data(config)
-    steps_per_epoch = len(train_split) // config["workers"] // config["batch_size"]
+    from harness.train import train_worker
+    steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
     log = MetricsLog(config["log_dir"])
     progress = Progress(config, steps_per_epoch, log)
     try:

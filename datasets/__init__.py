@@ -1,15 +1,30 @@
-"""Dataset registry: every loader returns an in-memory (train, test) pair of Splits."""
+"""Dataset registry.
+
+In memory (small, built whole in each worker): cifar10, digits, mnist, oddeven, synthetic; their
+loaders return a (train, test) pair of Splits. Streamed from disk (each worker reads only the
+samples of its shard): imagefolder and tokens, and ``package.module:factory`` for a Dataset class
+of your own; these return map-style torch Datasets that carry a ``DataInfo`` as ``.info``.
+``open_data`` gives a run its train / validation / test splits, ``check_data`` the cheap facts the
+parent checks before any worker starts.
+"""
+from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from datasets.cifar10 import load_cifar10
-from datasets.digits import load_digits
-from datasets.mnist import load_mnist
-from datasets.oddeven import decode_oddeven, load_oddeven
-from datasets.split import DataInfo, Split
-from datasets.synthetic import load_synthetic
+from .cifar10 import load_cifar10
+from .custom import open_custom
+from .digits import load_digits
+from .imagefolder import open_imagefolder
+from .mnist import load_mnist
+from .oddeven import decode_oddeven, load_oddeven
+from .split import DataError, DataInfo, Split
+from .synthetic import describe_synthetic, load_synthetic
+from .tokens import open_tokens
 
-__all__ = ["DATASETS", "DataInfo", "Split", "dataset_names", "decode_oddeven", "load_dataset"]
+__all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Split", "check_data", "dataset_names",
+           "decode_oddeven", "load_dataset", "open_data"]
 
 DATASETS: dict[str, Callable[..., tuple[Split, Split]]] = {
     "cifar10": load_cifar10,
@@ -18,14 +33,75 @@ DATASETS: dict[str, Callable[..., tuple[Split, Split]]] = {
     "oddeven": load_oddeven,
     "synthetic": load_synthetic,
 }
+STREAMED: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "imagefolder": open_imagefolder,
+    "tokens": open_tokens,
+}
+
+
+@dataclass
+class Data:
+    """A run's splits. Streamed datasets validate and test on their own val split."""
+
+    train: Any                  # Split, or a map-style Dataset with .info
+    val: Any | None
+    test: Any | None
+
+    @property
+    def info(self) -> DataInfo:
+        return self.train.info
 
 
 def dataset_names() -> list[str]:
-    return sorted(DATASETS)
+    return sorted([*DATASETS, *STREAMED])
+
+
+def is_known(name: str) -> bool:
+    return name in DATASETS or name in STREAMED or ":" in name
 
 
 def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **options) -> tuple[Split, Split]:
-    """Load `name`; options go to its loader (e.g. synthetic's shape, size, tokens)."""
+    """Load the in-memory dataset `name`; options go to its loader (e.g. synthetic's shape, size, tokens)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}")
     return DATASETS[name](data_dir, seed, **options)
+
+
+def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
+              **options) -> Data:
+    """The run's splits: in-memory ones hold out the last ``val_fraction`` of train for validation."""
+    if name in DATASETS:
+        train, test = load_dataset(name, data_dir, seed, **options)
+        cut = len(train) - int(len(train) * val_fraction)
+        if cut == len(train):
+            return Data(train, None, test)
+        return Data(Split(train.x[:cut], train.y[:cut], train.info),
+                    Split(train.x[cut:], train.y[cut:], train.info), test)
+    if name in STREAMED:
+        train, val = STREAMED[name](data_dir, **options)
+    elif ":" in name:
+        train, val = open_custom(name, data_dir, **options)
+    else:
+        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}, "
+                         "or package.module:factory")
+    return Data(train, val, val)
+
+
+def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
+               **options) -> tuple[DataInfo, int]:
+    """(info, training samples) without loading the data: a streamed dataset is scanned and one sample
+    of each split decoded; synthetic data is described, not generated. Raises one-line errors."""
+    if name == "synthetic":
+        info, size = describe_synthetic(**options)
+        return info, size - int(size * val_fraction)
+    data = open_data(name, data_dir, seed, val_fraction, **options)
+    if name in DATASETS:
+        return data.info, len(data.train)
+    for split in (data.train, data.val):
+        if split is not None:
+            if hasattr(split, "check"):
+                split.check()
+            if len(split) == 0:
+                raise DataError(f"dataset {name}: a split of {data_dir or 'the factory'} has no samples")
+            split[0]
+    return data.info, len(data.train)

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datasets.files import find_file
-from datasets.split import DataInfo, Split
+from .files import find_file
+from .split import DataInfo, Split
 
 SOURCE = "https://www.cs.toronto.edu/~kriz/cifar.html (CIFAR-10 python version)"
 SUBDIR = "cifar-10-batches-py"  # the folder the official archive unpacks to

@@ -2,7 +2,7 @@
 
 import torch
 
-from datasets.split import DataInfo, Split
+from .split import DataInfo, Split
 
 INFO = DataInfo("image", (1, 8, 8), 10, tuple(str(d) for d in range(10)))
 SPLIT_SEED = 0  # fixed so every run is evaluated on the same test images

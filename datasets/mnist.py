@@ -5,8 +5,8 @@ import gzip
 import numpy as np
 import torch
 
-from datasets.files import find_file
-from datasets.split import DataInfo, Split
+from .files import find_file
+from .split import DataInfo, Split
 
 SOURCE = "http://yann.lecun.com/exdb/mnist/"
 INFO = DataInfo("image", (1, 28, 28), 10, tuple(str(d) for d in range(10)))

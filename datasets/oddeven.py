@@ -2,7 +2,7 @@
 
 import torch
 
-from datasets.split import DataInfo, Split
+from .split import DataInfo, Split
 
 BITS = 10
 INFO = DataInfo("vector", (BITS,), 2, ("even", "odd"))

@@ -19,13 +19,13 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int, shu
     if n < world_size:
         raise ValueError(f"n={n} samples cannot be shared by world_size={world_size} ranks; use n >= world_size")
     if shuffle:
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(_epoch_seed(seed, epoch)))
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))
     else:
         order = torch.arange(n)
     usable = n - n % world_size  # equal shards keep collective ops in lockstep
     return order[rank:usable:world_size]
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
+def epoch_seed(seed: int, epoch: int) -> int:
     """Mix (seed, epoch) into one seed; SeedSequence avoids the collisions of seed + epoch."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0])

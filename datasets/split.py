@@ -5,6 +5,10 @@ from dataclasses import dataclass
 import torch
 
 
+class DataError(ValueError):
+    """A data file or folder that cannot be used; the message names it and what to do."""
+
+
 @dataclass(frozen=True)
 class DataInfo:
     """What a model needs to know to fit the data without seeing it."""
@@ -13,6 +17,10 @@ class DataInfo:
     input_shape: tuple[int, ...]
     num_classes: int  # vocabulary size for tokens
     class_names: tuple[str, ...] = ()
+    # Images that travel as uint8 (streamed datasets) become floats on the device: x / 255, then
+    # (x - mean) / std per channel when these are given.
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
 
 
 @dataclass

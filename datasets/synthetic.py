@@ -5,42 +5,46 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from datasets.split import DataInfo, Split
+from .split import DataInfo, Split
 
 DATA_SEED = 1234  # fixed, not the run's seed, so every run and every rank sees the same data
 TEACHER_GRID = 4  # images are pooled to this grid before the teacher looks at them
 PIXEL_NOISE = 0.5
 
 
-def load_synthetic(
-    data_dir: str | None,
-    seed: int,
+def describe_synthetic(
     shape: tuple[int, ...] = (3, 32, 32),
     num_classes: int = 10,
     size: int = 4096,
     tokens: bool = False,
     seq_len: int = 64,
     vocab_size: int = 256,
-) -> tuple[Split, Split]:
-    """Train has `size` samples and test `size // 4`; `seed` and `data_dir` are ignored."""
+) -> tuple[DataInfo, int]:
+    """(info, training samples) of the data load_synthetic would make, without making it."""
     if size < 4:
         raise ValueError(f"synthetic size={size} is too small; use size >= 4 so the test split is not empty")
-    generator = torch.Generator().manual_seed(DATA_SEED)
     if tokens:
-        table = torch.randperm(vocab_size, generator=generator)
-        make = partial(_token_split, seq_len=seq_len, table=table, generator=generator)
+        return DataInfo("tokens", (seq_len,), vocab_size), size
+    if len(shape) not in (1, 3):
+        raise ValueError(f"synthetic shape={tuple(shape)} is not supported; use (D,) for vectors or (C, H, W) for images")
+    return DataInfo("vector" if len(shape) == 1 else "image", tuple(shape), num_classes), size
+
+
+def load_synthetic(data_dir: str | None, seed: int, **options) -> tuple[Split, Split]:
+    """Train has `size` samples and test `size // 4`; `seed` and `data_dir` are ignored."""
+    info, size = describe_synthetic(**options)
+    generator = torch.Generator().manual_seed(DATA_SEED)
+    if info.kind == "tokens":
+        table = torch.randperm(info.num_classes, generator=generator)
+        make = partial(_token_split, seq_len=info.input_shape[0], table=table, generator=generator)
     else:
-        shape = tuple(shape)
-        teacher = _linear_teacher(shape, num_classes, generator)
-        make = partial(_teacher_split, shape=shape, teacher=teacher, generator=generator)
+        teacher = torch.randn(_teacher_features(info.input_shape), info.num_classes, generator=generator)
+        make = partial(_teacher_split, shape=info.input_shape, teacher=teacher, generator=generator)
     return make(size), make(size // 4)
 
 
-def _linear_teacher(shape: tuple[int, ...], num_classes: int, generator: torch.Generator) -> torch.Tensor:
-    if len(shape) not in (1, 3):
-        raise ValueError(f"synthetic shape={shape} is not supported; use (D,) for vectors or (C, H, W) for images")
-    features = shape[0] if len(shape) == 1 else shape[0] * TEACHER_GRID**2
-    return torch.randn(features, num_classes, generator=generator)
+def _teacher_features(shape: tuple[int, ...]) -> int:
+    return shape[0] if len(shape) == 1 else shape[0] * TEACHER_GRID**2
 
 
 def _teacher_split(n: int, shape: tuple[int, ...], teacher: torch.Tensor, generator: torch.Generator) -> Split:

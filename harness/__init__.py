@@ -3,7 +3,10 @@
 The parent forks child workers and talks to them over ZeroMQ (cloudpickle, HMAC-signed frames);
 children keep their model replicas in step with NCCL (or gloo on CPU) collectives.
 """
+from . import checkout
 from .parent import ChildError, ChildFailed, Children, Parent
+
+checkout.install()      # the bare name `datasets` stays the user's (Hugging Face's); see checkout.py
 
 __all__ = ["Parent", "Children", "ChildError", "ChildFailed", "Context", "PeerFailed"]
 

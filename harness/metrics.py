@@ -88,3 +88,22 @@ def _jsonable(value: object) -> object:
         f"metrics value {value!r} of type {type(value).__name__} is not JSON serialisable; "
         "log a number, string, list or dict instead"
     )
+
+
+def worker_memory_mb(pid: int | str = "self") -> float | None:
+    """Memory of a process and its direct children (a training worker and its loader processes):
+    the sum of their proportional set sizes, so pages they share (libraries, a forked parent's
+    memory, a memory-mapped file) count once. None where /proc cannot tell (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid if pid != 'self' else os.getpid()}/children") as f:
+            pids = [str(pid), *f.read().split()]
+        total_kb = 0
+        for p in pids:
+            try:
+                with open(f"/proc/{p}/smaps_rollup") as f:
+                    total_kb += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            except (FileNotFoundError, ProcessLookupError):
+                continue                    # a loader process that just exited
+        return total_kb / 1024
+    except (OSError, StopIteration):
+        return None

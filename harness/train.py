@@ -5,39 +5,44 @@ of one seeded permutation per epoch, so N workers with batch b see exactly the s
 worker with batch N*b would), and keeps in step through a Synchroniser. Rank 0 reports
 progress to the parent with ``ctx.send`` and writes checkpoints; validation and the epoch's
 loss are reduced over all ranks, so every rank takes the same early-stopping decision.
+
+A run lasts ``--epochs`` or ``--max-steps`` updates and may be saved every N steps, mid-epoch.
+A checkpoint records (epoch, step, position in the epoch) and every rank's random generators, so
+"train 1000 steps" equals "train 600, stop, resume, train 400": the data order and each sample's
+augmentation are functions of (seed, epoch, index) (harness/pipeline.py), not of the run's history.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .flat import FlatParameters
+from .metrics import worker_memory_mb
 from .optim import build_optimizer
+from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
 from .step import make_step
 from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
+MEMORY_EVERY_S = 5.0        # and measures its memory (worker and loader processes) at most this often
+EVAL_BATCH = 512
 
 
-def load_data(config: dict) -> tuple[Any, Any, Any]:
-    """(train, validation, test) splits: validation is the last ``val_fraction`` of the training set."""
-    from datasets import Split, load_dataset
-    train, test = load_dataset(config["dataset"], config["data_dir"], seed=config["seed"],
-                               **config["dataset_options"])
-    n_val = int(len(train) * config["val_fraction"])
-    if n_val == 0:
-        return train, None, test
-    cut = len(train) - n_val
-    return (Split(train.x[:cut], train.y[:cut], train.info), Split(train.x[cut:], train.y[cut:], train.info), test)
+def load_data(config: dict) -> Any:
+    """The run's train / validation / test splits (``datasets.Data``); streamed ones are only scanned."""
+    from .checkout.datasets import open_data
+    return open_data(config["dataset"], config["data_dir"], seed=config["seed"],
+                     val_fraction=config["val_fraction"], **config["dataset_options"])
 
 
 def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from models import build_model
+    from harness.checkout.models import build_model
     torch.manual_seed(config["seed"])
     model = build_model(config["model"], info, **config["model_options"]).to(device)
     if device.type == "cuda" and info.kind == "image":
@@ -54,23 +59,15 @@ def autocast(config: dict, device: torch.device):
     return contextlib.nullcontext()
 
 
-def on_device(split: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Small datasets move to the GPU once; larger ones stay on the host and go batch by batch."""
-    if split.x.nbytes + split.y.nbytes < (2 << 30):
-        return split.x.to(device), split.y.to(device)
-    return split.x, split.y
-
-
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, config: dict,
-             device: torch.device, batch_size: int = 512) -> tuple[float, float, int]:
-    """(summed loss, correct predictions, predictions counted) over x, y."""
-    from models import loss_fn
+def evaluate(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+             config: dict, device: torch.device) -> tuple[float, float, int]:
+    """(summed loss, correct predictions, predictions counted) over the batches."""
+    from .checkout.models import loss_fn
     was_training = model.training
     model.eval()
     loss = correct = count = 0.0
-    for start in range(0, len(x), batch_size):
-        xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
+    for xb, yb in batches:
         with autocast(config, device):
             out = model(xb)
         loss += loss_fn(out.float(), yb).item() * len(xb)
@@ -89,42 +86,51 @@ def make_synchroniser(config: dict, comm: Any, flat: FlatParameters, optimizer: 
     return BucketedGradientAveraging(comm, flat, config["bucket_mb"], reduce_dtype)
 
 
+def make_batches(split: Any, config: dict, rank: int, world: int, device: torch.device) -> Any:
+    if is_streamed(split):
+        return StreamedBatches(split, rank, world, config["batch_size"], config["seed"], device,
+                               config["data_workers"])
+    return ResidentBatches(split, rank, world, config["batch_size"], config["seed"], device)
+
+
 def train_worker(ctx: Any, config: dict) -> dict:
     """Runs in every child. Returns a summary with the final parameter checksum."""
-    from datasets.sharding import shard_indices
-    from models import loss_fn
+    from .checkout.models import loss_fn
 
     device = ctx.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config["tf32"]
-    train, val, _ = load_data(config)
-    x_train, y_train = on_device(train, device)
-    model, optimizer = build(config, train.info, device)
+    rank, world, lead = ctx.rank, ctx.world_size, ctx.rank == 0
+    data = load_data(config)
+    state = load_checkpoint(config["resume"], map_location=device) if config["resume"] else None
+    # Where the data stands: epochs completed, updates done, and batches done in the current epoch.
+    epoch, step, position = (state["epoch"], state["step"], state.get("position", 0)) if state else (0, 0, 0)
+    batches = make_batches(data.train, config, rank, world, device)
+    ctx.own(batches)
+    stream = batches.epoch(epoch, position)     # loader processes start now, while the model is built
+    model, optimizer = build(config, data.info, device)
     flat = FlatParameters(model)
     comm = ctx.communicator()
-    epoch = step = 0
-    if config["resume"]:
-        state = load_checkpoint(config["resume"], map_location=device)
+    if state:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        epoch, step = state["epoch"], state["step"]
+        if position:        # mid-epoch: dropout and the like go on from where the generators were
+            set_rng_state(state["rng"][rank], device)
     sync = make_synchroniser(config, comm, flat, optimizer)
     sync.start()
 
-    batch, rank, world = config["batch_size"], ctx.rank, ctx.world_size
-    steps_per_epoch = (len(train) // world) // batch
-    best_error, stale, stop = math.inf, 0, None
-    last_report = time.monotonic()
-    lead = rank == 0
+    total = config["max_steps"] or config["epochs"] * batches.steps_per_epoch
+    best_error, stale, stop, saved_at = math.inf, 0, None, step if state else None
+    last_report, memory, memory_at, first = time.monotonic(), None, -math.inf, step + 1
 
     def validate() -> float | None:
         nonlocal best_error, stale, stop
-        if val is None:
+        if data.val is None:
             return None
         sync.finish()
-        mine = torch.arange(len(val))[rank::world]      # every sample counted once, whatever the world size
-        _, correct, count = evaluate(model, val.x[mine], val.y[mine], config, device)
+        _, correct, count = evaluate(model, evaluation_batches(data.val, rank, world, EVAL_BATCH, device,
+                                                               config["data_workers"]), config, device)
         totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
         comm.all_reduce(totals)
         error = 1.0 - (totals[0] / totals[1]).item()
@@ -140,52 +146,68 @@ def train_worker(ctx: Any, config: dict) -> dict:
             ctx.send({"event": "validation", "epoch": epoch, "step": step, "val_error": error})
         return error
 
+    def save() -> None:
+        """Every rank takes part (the replicas are made consistent, each rank's generators gathered)."""
+        nonlocal saved_at
+        if not config["save"] or saved_at == step:
+            return
+        sync.finish()
+        generators = ctx.exchange(ctx.unique_tag("rng"), rng_state(device))
+        if lead:
+            save_checkpoint(config["save"], {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                             "epoch": epoch, "step": step, "position": position,
+                                             "rng": generators, "config": config})
+            ctx.send({"event": "saved", "epoch": epoch, "step": step, "path": config["save"]})
+        saved_at = step
+
     example = None
-    if config["cuda_graph"]:         # the graph's static inputs start as this rank's first batch
-        first = shard_indices(len(train), rank, world, epoch, config["seed"])[:batch].to(x_train.device)
-        example = (x_train[first].to(device), y_train[first].to(device))
+    if config["cuda_graph"] and device.type == "cuda":    # the graph's static inputs start as the first batch
+        example = next(stream)
+        stream = itertools.chain([example], stream)
     train_step = make_step(model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
                            config["cuda_graph"], example=example,
                            say=lambda message: ctx.print(message) if lead else None)
     model.train()
-    while epoch < config["epochs"] and stop is None:
-        # Dropout and other randomness: different on each rank, and the same after a resume.
-        torch.manual_seed(hash((config["seed"], rank, epoch)) & (2**63 - 1))
-        order = shard_indices(len(train), rank, world, epoch, config["seed"]).to(x_train.device)
+    while step < total and stop is None:
+        if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
+            torch.manual_seed(hash((config["seed"], rank, epoch)) & (2**63 - 1))
+        stream = stream or batches.epoch(epoch, position)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         epoch_start, val_error, done = time.monotonic(), None, 0
-        for i in range(steps_per_epoch):
-            idx = order[i * batch:(i + 1) * batch]
-            xb = x_train[idx].to(device, non_blocking=True)
-            yb = y_train[idx].to(device, non_blocking=True)
-            loss = train_step(xb, yb)
-            step += 1
-            done += 1
+        for x, y in stream:
+            loss = train_step(x, y)
+            step, position, done = step + 1, position + 1, done + 1
             sync.after_step(step)
             loss_sum += loss.double()
+            if lead and step == first:
+                ctx.send({"event": "first_step", "step": step, "loss": loss.item()})
             if lead and time.monotonic() - last_report >= REPORT_EVERY_S:
                 last_report = time.monotonic()
-                ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(),
-                          "samples_per_s": done * batch * world / (last_report - epoch_start)})
+                if last_report - memory_at >= MEMORY_EVERY_S:
+                    memory, memory_at = worker_memory_mb(), last_report
+                ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(), "rss_mb": memory,
+                          "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start)})
             if config["validate_every"] and step % config["validate_every"] == 0:
                 val_error = validate()
-                if stop is not None:
-                    break
-        epoch += 1
+            if config["save_every_steps"] and step % config["save_every_steps"] == 0 \
+                    and position < batches.steps_per_epoch:
+                save()
+            if stop is not None or step >= total:
+                break
+        stream = None
+        ended = position == batches.steps_per_epoch
+        if ended:
+            epoch, position = epoch + 1, 0
         totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=device)])
         comm.all_reduce(totals)
-        if not config["validate_every"] and stop is None:
+        if not config["validate_every"] and stop is None and (ended or step >= total):
             val_error = validate()
-        if lead:
+        if lead and ended:
             ctx.send({"event": "epoch", "epoch": epoch, "step": step, "train_loss": (totals[0] / totals[1]).item(),
                       "val_error": val_error, "seconds": time.monotonic() - epoch_start})
-        if config["save"] and (stop is not None or epoch == config["epochs"]
-                               or (config["save_every"] and epoch % config["save_every"] == 0)):
-            sync.finish()
-            if lead:
-                save_checkpoint(config["save"], {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                                 "epoch": epoch, "step": step, "config": config})
-                ctx.send({"event": "saved", "epoch": epoch, "path": config["save"]})
+        if stop is not None or step >= total or (ended and config["save_every"] and epoch % config["save_every"] == 0) \
+                or (config["save_every_steps"] and step % config["save_every_steps"] == 0):
+            save()
     sync.finish()
     if lead:
         ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop})

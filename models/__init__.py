@@ -1,15 +1,16 @@
 """Model registry: every factory takes a datasets.DataInfo plus options and returns logits-producing nn.Module."""
 
-import importlib
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from models.cnn import cnn
-from models.gpt import gpt
-from models.mlp import mlp, oddeven
-from models.resnet import resnet18, resnet50
+from harness.plugins import import_factory
+
+from .cnn import cnn
+from .gpt import gpt
+from .mlp import mlp, oddeven
+from .resnet import resnet18, resnet50
 
 __all__ = ["MODELS", "build_model", "loss_fn", "model_names"]
 
@@ -32,25 +33,11 @@ def build_model(name: str, info, **options) -> torch.nn.Module:
     if name in MODELS:
         return MODELS[name](info, **options)
     if ":" in name:
-        return _import_factory(name)(info, **options)
+        return import_factory(name, "model", "factory(info, **options)")(info, **options)
     raise ValueError(
         f"unknown model '{name}'; valid names: {', '.join(model_names())}, "
         f"or 'package.module:factory' for a factory(info, **options) of your own"
     )
-
-
-def _import_factory(spec: str) -> Callable[..., torch.nn.Module]:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import module '{module_name}' for model '{spec}': {e}") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(
-            f"module '{module_name}' has no callable '{attr}'; give 'package.module:factory' naming a function there"
-        )
-    return factory
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

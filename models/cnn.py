@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from models.checks import expect_kind
+from .checks import expect_kind
 
 POOLED = 4  # spatial size fed to the classifier, whatever the input size
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.checks import expect_kind
+from .checks import expect_kind
 
 
 @dataclass(frozen=True)

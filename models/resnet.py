@@ -5,7 +5,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from models.checks import expect_kind
+from .checks import expect_kind
 
 WIDTHS = (64, 128, 256, 512)
 BOTTLENECK_EXPANSION = 4

@@ -45,8 +45,8 @@ def spec_for(name: str) -> dict:
 
 def build(spec: dict, seed: int = 0):
     import torch
-    from datasets import DataInfo
-    from models import build_model
+    from harness.checkout.datasets import DataInfo
+    from harness.checkout.models import build_model
     torch.manual_seed(seed)
     kind, shape, classes = spec["info"]
     info = DataInfo(kind, tuple(shape), classes)
@@ -76,7 +76,7 @@ def make_variant(variant: str, spec: dict, comm):
     from harness.flat import FlatParameters
     from harness.step import TrainStep, make_step
     from harness.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
-    from models import loss_fn
+    from harness.checkout.models import loss_fn
     model, optimizer, x, y = build(spec)
     autocast = autocast_for(spec)
     if variant == "ddp":
@@ -193,7 +193,7 @@ def first_step(spec: dict, comm=None) -> None:
     from harness.flat import FlatParameters
     from harness.step import TrainStep
     from harness.sync import BucketedGradientAveraging
-    from models import loss_fn
+    from harness.checkout.models import loss_fn
     model, optimizer, x, y = build(spec)
     autocast = autocast_for(spec)
     if comm is None:

@@ -29,7 +29,7 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
     from harness.flat import FlatParameters
     from harness.step import TrainStep
     from harness.sync import BucketedGradientAveraging
-    from models import loss_fn
+    from harness.checkout.models import loss_fn
     torch.cuda.set_device(0)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     comm = ctx.communicator()

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from datasets import DATASETS, DataInfo, Split, dataset_names, decode_oddeven, load_dataset
-from datasets.sharding import shard_indices
+from harness.checkout.datasets import DATASETS, DataInfo, Split, dataset_names, decode_oddeven, load_dataset
+from harness.checkout.datasets.sharding import shard_indices
 
 
 def test_registry_lists_all_datasets():

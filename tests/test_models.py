@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from datasets import DataInfo
-from models import MODELS, build_model, loss_fn, model_names
+from harness.checkout.datasets import DataInfo
+from harness.checkout.models import MODELS, build_model, loss_fn, model_names
 
 DIGITS = DataInfo("image", (1, 8, 8), 10)
 MNIST = DataInfo("image", (1, 28, 28), 10)

@@ -1,0 +1,61 @@
+"""Your own dataset: ``--dataset package.module:factory``, the same convention as models.
+
+``factory(split, data_dir, **options)`` is called with split ``"train"`` and ``"val"`` and returns
+a map-style ``torch.utils.data.Dataset`` whose samples are ``(x, y)`` pairs (tensors or numpy
+arrays; ``y`` may be an int), or ``None`` for a split it does not have (no validation then, and
+Test.py has nothing to score). Any existing Dataset class plugs in through a three-line factory.
+
+What the model needs to know (``DataInfo``) is taken from ``dataset.info`` if it has one, else
+read off the first sample and ``dataset.classes`` (torchvision's name) or ``dataset.num_classes``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.plugins import import_factory
+
+from .split import DataError, DataInfo
+
+
+def open_custom(spec: str, data_dir: str | None, **options: Any) -> tuple[Any, Any]:
+    """(train, val) from the factory named by ``spec``; val may be None."""
+    factory = import_factory(spec, "dataset", "factory(split, data_dir, **options)")
+    train = factory("train", data_dir, **options)
+    val = factory("val", data_dir, **options)
+    for split, dataset in (("train", train), ("val", val)):
+        if dataset is not None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise DataError(f"dataset factory {spec} returned a {type(dataset).__name__} for split {split!r}; "
+                            "return a map-style torch.utils.data.Dataset (with __getitem__ and __len__) or None")
+    if train is None or len(train) == 0:
+        raise DataError(f"dataset factory {spec} returned no training samples; it must return a non-empty "
+                        "Dataset for split 'train'")
+    info = infer_info(train, spec)
+    for dataset in (train, val):
+        if dataset is not None and getattr(dataset, "info", None) is None:
+            dataset.info = info
+    return train, val
+
+
+def infer_info(dataset: Any, spec: str) -> DataInfo:
+    if isinstance(getattr(dataset, "info", None), DataInfo):
+        return dataset.info
+    x, _ = dataset[0]
+    x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
+    classes = getattr(dataset, "classes", None)
+    count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)
+    if not isinstance(count, int) or count < 2:
+        raise DataError(f"dataset {spec}: cannot tell the number of classes; give the dataset a `classes` list, "
+                        "a `num_classes` int, or an `info` (harness.checkout.datasets.DataInfo)")
+    if x.is_floating_point() or x.dtype == torch.uint8:
+        kind = {1: "vector", 3: "image"}.get(x.dim())
+    else:
+        kind = "tokens" if x.dim() == 1 else None
+    if kind is None:
+        raise DataError(f"dataset {spec}: samples of shape {tuple(x.shape)} and dtype {x.dtype} are not images "
+                        "(C, H, W), vectors (D,) or token ids (T,); give the dataset an `info`")
+    names = tuple(str(c) for c in classes) if classes is not None else ()
+    return DataInfo(kind, tuple(x.shape), count, names)
+

@@ -1,0 +1,143 @@
+"""A folder of images, ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``, read from disk.
+
+The layout is torchvision's ImageFolder (and ImageNet's): one folder per class, classes sorted by
+name. Nothing is loaded up front: the scan keeps only the file names, packed into one byte string
+with offsets (a Python list of a million ``str`` costs ~100 MB per process, and forked loader
+processes would copy it page by page as reference counts change), and each sample is decoded when
+it is asked for, in the loader's worker processes.
+
+Decoding is Pillow's, with its JPEG ``draft`` mode: libjpeg scales by 1/2, 1/4 or 1/8 *while*
+decoding, so a crop that ends up 224 pixels wide is decoded at the smallest scale that still gives
+at least 224 pixels, instead of decoding the full image and throwing most of it away. Training
+samples get RandomResizedCrop (scale 0.08-1, aspect 3/4-4/3, torchvision's algorithm) and a
+horizontal flip; evaluation samples a resize of the short side to ``resize`` and a centre crop of
+``crop``. Samples leave as uint8 CHW tensors (a quarter of float32's bytes through shared memory,
+pinned memory and PCIe); the device turns them into normalised floats (``DataInfo.mean/std``).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .split import DataError, DataInfo
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)      # ImageNet's, as torchvision's examples use
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+
+
+class ImageFolder(torch.utils.data.Dataset):
+    """One split of an image folder. ``train=True``: random crops and flips; else resize + centre crop."""
+
+    def __init__(self, folder: Path, classes: tuple[str, ...], train: bool, crop: int, resize: int):
+        self.folder, self.classes, self.train, self.crop, self.resize = folder, classes, train, crop, resize
+        self._names, self._offsets, self.labels = _scan(folder, classes)
+        self.info = DataInfo("image", (3, crop, crop), len(classes), classes, MEAN, STD)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def path(self, index: int) -> Path:
+        start, end = self._offsets[index], self._offsets[index + 1]
+        return self.folder / os.fsdecode(self._names[start:end].tobytes())
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path = self.path(index)
+        try:
+            pixels = self._decode(path)
+        except (OSError, SyntaxError, ValueError) as error:   # Pillow's ways of saying "not an image"
+            raise DataError(f"image {path} cannot be decoded ({error}); replace or delete the file") from None
+        return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))), int(self.labels[index])
+
+    def _decode(self, path: Path) -> np.ndarray:
+        from PIL import Image
+        with Image.open(path) as image:
+            width, height = image.size
+            if self.train:
+                left, top, w, h = random_resized_crop(width, height)
+            else:
+                side = min(width, height) * self.crop / self.resize
+                left, top, w, h = (width - side) / 2, (height - side) / 2, side, side
+            image.draft("RGB", (math.ceil(width * self.crop / w), math.ceil(height * self.crop / h)))
+            sx, sy = image.size[0] / width, image.size[1] / height        # the scale draft chose
+            image = image.convert("RGB").resize((self.crop, self.crop), Image.BILINEAR,
+                                                box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+            pixels = np.asarray(image)
+        if self.train and random.random() < 0.5:
+            pixels = pixels[:, ::-1]            # a view: the copy into CHW order does the flip
+        return pixels
+
+
+def random_resized_crop(width: int, height: int) -> tuple[float, float, float, float]:
+    """torchvision's RandomResizedCrop box (left, top, width, height), drawn from ``random``."""
+    area = width * height
+    for _ in range(10):
+        target = area * random.uniform(*SCALE)
+        aspect = math.exp(random.uniform(math.log(RATIO[0]), math.log(RATIO[1])))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return random.randint(0, width - w), random.randint(0, height - h), w, h
+    aspect = width / height                 # fallback: the whole image, clamped to the aspect range
+    if aspect < RATIO[0]:
+        w, h = width, round(width / RATIO[0])
+    elif aspect > RATIO[1]:
+        w, h = round(height * RATIO[1]), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def class_names(folder: Path) -> tuple[str, ...]:
+    """The sorted class folders of a split; one-line errors for a missing or empty split."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"imagefolder: {folder} does not exist; expected {folder}/<class>/<image>.jpg "
+                                "(one folder per class)")
+    classes = tuple(sorted(entry.name for entry in os.scandir(folder) if entry.is_dir()))
+    if not classes:
+        raise DataError(f"imagefolder: {folder} has no class folders; put each class's images in "
+                        f"{folder}/<class>/")
+    return classes
+
+
+def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every image's name relative to ``folder`` as one byte array with offsets, and its label."""
+    names: list[bytes] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        directory = folder / name
+        if not directory.is_dir():
+            continue                    # a validation split may lack some of the training classes
+        files = sorted(entry.name for entry in os.scandir(directory)
+                       if entry.is_file() and entry.name.lower().endswith(EXTENSIONS))
+        if not files:
+            raise DataError(f"imagefolder: class folder {directory} has no images ({', '.join(EXTENSIONS)}); "
+                            "add images or remove the folder")
+        names += [os.fsencode(f"{name}/{file}") for file in files]
+        labels += [label] * len(files)
+    offsets = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum([len(n) for n in names], out=offsets[1:])
+    return np.frombuffer(b"".join(names), dtype=np.uint8), offsets, np.asarray(labels, dtype=np.int32)
+
+
+def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256) -> tuple[ImageFolder, ImageFolder]:
+    """(train, val) splits of ``data_dir``; val's classes must be among train's."""
+    if data_dir is None:
+        raise DataError("--dataset imagefolder needs --data-dir DIR holding DIR/train/<class>/*.jpg and DIR/val/")
+    if not 0 < crop <= resize:
+        raise DataError(f"imagefolder: crop={crop} and resize={resize} must satisfy 0 < crop <= resize")
+    root = Path(data_dir)
+    classes = class_names(root / "train")
+    if not (root / "val").is_dir():
+        raise FileNotFoundError(f"imagefolder: {root / 'val'} does not exist; validation and Test.py read it: "
+                                f"add {root / 'val'}/<class>/*.jpg with the same class names as train/")
+    extra = sorted(set(class_names(root / "val")) - set(classes))
+    if extra:
+        raise DataError(f"imagefolder: {root / 'val'} has classes not in train/ ({', '.join(extra[:5])}); "
+                        "val/ must use train/'s class folder names")
+    return (ImageFolder(root / "train", classes, True, crop, resize),
+            ImageFolder(root / "val", classes, False, crop, resize))

@@ -1,0 +1,91 @@
+"""Token files in nanoGPT's layout: ``train.bin`` and ``val.bin``, raw token ids (uint16 or uint32).
+
+The file is opened with ``numpy.memmap`` and never read whole: sample ``i`` is the window of
+``block_size + 1`` tokens starting at ``i * block_size`` (inputs are its first ``block_size``
+tokens, targets the last), so a 100 GB file costs a worker only the pages its batches touch. The
+sampler shuffles the window indices, which gives nanoGPT's random windows with an exact, resumable
+order. The memmap is opened lazily in each process that reads (loader workers included) and is
+never pickled.
+
+Checks that catch the usual mistakes before a run starts: a size that is not a multiple of the
+dtype's, a file too short for one window, token ids at or above the vocabulary (a uint16 file read
+as uint32 makes huge ids), and a uint32 file read as uint16 (every other uint16 is then zero).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .split import DataError, DataInfo
+
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+PROBE_TOKENS = 1 << 20            # how much of a file the checks read
+
+
+class TokenWindows(torch.utils.data.Dataset):
+    """Windows of ``block_size + 1`` tokens of one file; ``limit`` keeps that many, evenly spread."""
+
+    def __init__(self, path: Path, block_size: int, dtype: str, vocab_size: int, limit: int | None = None):
+        self.path, self.block_size, self.dtype = path, block_size, dtype
+        size = path.stat().st_size
+        itemsize = np.dtype(DTYPES[dtype]).itemsize
+        if size % itemsize:
+            raise DataError(f"tokens: {path} has {size} bytes, not a multiple of {itemsize} ({dtype}); "
+                            "is the dtype option right, or is the file truncated?")
+        windows = (size // itemsize - 1) // block_size
+        if windows < 1:
+            raise DataError(f"tokens: {path} holds {size // itemsize} tokens, fewer than one window of "
+                            f"block_size + 1 = {block_size + 1}; use a longer file or a smaller block_size")
+        self.stride = max(1, windows // limit) if limit else 1
+        self.windows = min(windows, limit) if limit else windows
+        self.info = DataInfo("tokens", (block_size,), vocab_size)
+        self._tokens: np.memmap | None = None
+
+    def __len__(self) -> int:
+        return self.windows
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+    def tokens(self) -> np.memmap:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=DTYPES[self.dtype], mode="r")
+        return self._tokens
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.stride * self.block_size
+        window = torch.from_numpy(self.tokens()[start:start + self.block_size + 1].astype(np.int64))
+        return window[:-1], window[1:]
+
+    def check(self) -> None:
+        """Read the first tokens (at most PROBE_TOKENS) and refuse ids the model could not embed."""
+        probe = np.asarray(self.tokens()[:PROBE_TOKENS])
+        top = int(probe.max())
+        if top >= self.info.num_classes:
+            raise DataError(f"tokens: {self.path} has token id {top} >= vocab_size {self.info.num_classes}; "
+                            f"pass the right vocab_size (and dtype: this file was read as {self.dtype})")
+        if self.dtype == "uint16" and len(probe) >= 64 and probe[1::2].max() == 0 < probe[0::2].max():
+            raise DataError(f"tokens: every other uint16 of {self.path} is zero: it looks like uint32 ids; "
+                            "pass --dataset-options '{\"dtype\": \"uint32\"}'")
+
+
+def open_tokens(data_dir: str | None, block_size: int = 256, dtype: str = "uint16", vocab_size: int = 50257,
+                val_windows: int = 512) -> tuple[TokenWindows, TokenWindows]:
+    """(train, val) from ``data_dir``/train.bin and val.bin; validation uses ``val_windows`` windows."""
+    if data_dir is None:
+        raise DataError("--dataset tokens needs --data-dir DIR holding DIR/train.bin and DIR/val.bin")
+    if dtype not in DTYPES:
+        raise DataError(f"tokens: dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    if block_size < 1 or vocab_size < 2 or val_windows < 1:
+        raise DataError(f"tokens: block_size={block_size}, vocab_size={vocab_size} and val_windows={val_windows} "
+                        "must be at least 1, 2 and 1")
+    splits = []
+    for name, limit in (("train.bin", None), ("val.bin", val_windows)):
+        path = Path(data_dir) / name
+        if not path.is_file():
+            raise FileNotFoundError(f"tokens: {path} does not exist; write the token ids there as raw {dtype} "
+                                    "(nanoGPT's prepare.py layout: train.bin and val.bin)")
+        splits.append(TokenWindows(path, block_size, dtype, vocab_size, limit))
+    return splits[0], splits[1]

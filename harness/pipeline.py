@@ -1,0 +1,195 @@
+"""Batches for the training loop: from memory, or streamed from disk without stalling the GPU.
+
+Both kinds yield the same batches for a given (seed, epoch, position), so a run that stops
+mid-epoch resumes exactly: the sampler's state is just (epoch, batches done), which the
+checkpoint records.
+
+* ``ResidentBatches``: an in-memory Split. Small ones live on the device and a batch is one
+  gather there (the fastest path there is); large ones are gathered on the host.
+* ``StreamedBatches``: a map-style Dataset read by a torch DataLoader. Decoding and augmentation
+  run in ``--data-workers`` persistent worker processes, each batch lands in pinned memory, and
+  the copy to the GPU of batch k+1 runs on a side stream while step k computes (``to_device``).
+  Workers are forked from the training process: they never touch CUDA or the control plane, and
+  fork makes their start-up, which the first step waits for, nearly free.
+
+Every sample is drawn under its own seed (``Seeded``), derived from (seed, epoch, index): random
+crops and flips come out the same whichever loader process decodes the sample and whether or not
+the run was resumed, for any Dataset that draws from ``random``, numpy or torch.
+"""
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+
+from .checkout.datasets.sharding import epoch_seed, shard_indices
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+GOLDEN = 0x9E3779B97F4A7C15          # spreads consecutive indices over the seed space
+MAX_DEFAULT_WORKERS = 16
+
+
+def default_data_workers(workers_on_host: int) -> int:
+    """Loader processes per training worker: the host's cores shared out, one left for the step."""
+    return max(0, min(MAX_DEFAULT_WORKERS, (os.cpu_count() or 1) // max(1, workers_on_host) - 1))
+
+
+def is_streamed(split: Any) -> bool:
+    return not hasattr(split, "x")
+
+
+class ResidentBatches:
+    """Batches of an in-memory Split, kept on the device when it is small enough."""
+
+    DEVICE_LIMIT = 2 << 30
+
+    def __init__(self, split: Any, rank: int, world: int, batch: int, seed: int, device: torch.device):
+        on_device = split.x.nbytes + split.y.nbytes < self.DEVICE_LIMIT
+        self.x, self.y = (split.x.to(device), split.y.to(device)) if on_device else (split.x, split.y)
+        self.rank, self.world, self.batch, self.seed, self.device = rank, world, batch, seed, device
+        self.steps_per_epoch = (len(split) // world) // batch
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        order = shard_indices(len(self.x), self.rank, self.world, epoch, self.seed).to(self.x.device)
+        for i in range(start, self.steps_per_epoch):
+            idx = order[i * self.batch:(i + 1) * self.batch]
+            yield (self.x[idx].to(self.device, non_blocking=True), self.y[idx].to(self.device, non_blocking=True))
+
+    def close(self) -> None:
+        pass
+
+
+class Seeded(torch.utils.data.Dataset):
+    """Fetches ``(index, seed)`` keys: seeds ``random``, numpy and torch's CPU generator, then
+    returns ``dataset[index]``. Only the CPU generator: seeding CUDA's in a forked loader would
+    queue a lazy call, with a stack trace, per sample."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, seed = key
+        random.seed(seed)
+        np.random.seed(seed & 0xFFFFFFFF)
+        torch.default_generator.manual_seed(seed)
+        return self.dataset[index]
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """This rank's batches of (index, seed) keys for one epoch, from ``position`` = (epoch, start) on."""
+
+    def __init__(self, n: int, rank: int, world: int, batch: int, seed: int):
+        self.n, self.rank, self.world, self.batch, self.seed = n, rank, world, batch, seed
+        self.steps_per_epoch = (n // world) // batch
+        self.position = (0, 0)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch - self.position[1]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch, start = self.position
+        order = shard_indices(self.n, self.rank, self.world, epoch, self.seed)
+        base = epoch_seed(self.seed, epoch)
+        for i in range(start, self.steps_per_epoch):
+            yield [(j, (base + j * GOLDEN) % 2**63) for j in order[i * self.batch:(i + 1) * self.batch].tolist()]
+
+
+class StreamedBatches:
+    """Batches of a map-style Dataset through a DataLoader, copied to the device ahead of use."""
+
+    def __init__(self, dataset: Any, rank: int, world: int, batch: int, seed: int, device: torch.device,
+                 workers: int):
+        self.sampler = ShardSampler(len(dataset), rank, world, batch, seed)
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        self.info, self.device = dataset.info, device
+        self.loader = _loader(Seeded(dataset), device, workers, batch_sampler=self.sampler)
+        self._iterator: Iterator | None = None
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        self.sampler.position = (epoch, start)
+        self._iterator = iter(self.loader)      # persistent workers: reused, told the new positions
+        return to_device(self._iterator, self.device, self.info)
+
+    def close(self) -> None:
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: torch.device,
+                       workers: int = 0) -> Iterator[Batch]:
+    """Samples rank, rank + world, ... of ``split`` in order, in batches on ``device``: every sample
+    is counted once whatever the world size."""
+    if not is_streamed(split):
+        mine = torch.arange(rank, len(split), world)
+        for start in range(0, len(mine), batch):
+            idx = mine[start:start + batch]
+            yield split.x[idx].to(device), split.y[idx].to(device)
+        return
+    subset = torch.utils.data.Subset(split, range(rank, len(split), world))
+    yield from to_device(iter(_loader(subset, device, workers, batch_size=batch)), device, split.info)
+
+
+def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset, num_workers=workers, pin_memory=device.type == "cuda",
+                                       persistent_workers=workers > 0 and "batch_sampler" in batching,
+                                       prefetch_factor=4 if workers else None, **batching)
+
+
+def to_device(batches: Iterable[Batch], device: torch.device, info: Any) -> Iterator[Batch]:
+    """Batches on ``device``, as floats where they came as uint8 images. On a GPU the copy (and the
+    conversion) of the next batch is issued on a side stream before the current one is handed out,
+    so it overlaps the step; the step's stream waits only for its own batch's event."""
+    scale = _normalizer(info, device)
+    if device.type != "cuda":
+        for x, y in batches:
+            yield scale(x), y
+        return
+    stream = torch.cuda.Stream(device)
+
+    def issue(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        with torch.cuda.stream(stream):
+            x, y = (t.to(device, non_blocking=True) for t in batch)
+            x = scale(x)
+            return x, y, stream.record_event()
+
+    ahead = None
+    for batch in batches:
+        ready, ahead = ahead, issue(batch)
+        if ready is not None:
+            yield _handed_over(*ready)
+    if ahead is not None:
+        yield _handed_over(*ahead)
+
+
+def _handed_over(x: torch.Tensor, y: torch.Tensor, event: torch.cuda.Event) -> Batch:
+    current = torch.cuda.current_stream()
+    current.wait_event(event)
+    x.record_stream(current)            # the side stream allocated them; the step's stream uses them
+    y.record_stream(current)
+    return x, y
+
+
+def _normalizer(info: Any, device: torch.device):
+    """uint8 images -> float: x / 255, then per-channel (x - mean) / std when the data defines them;
+    images go channels_last on GPUs (the models there are channels_last)."""
+    mean = std = None
+    if info.mean is not None:
+        shape = (1, -1, 1, 1)
+        mean = torch.tensor(info.mean, device=device).view(shape) * 255
+        std = torch.tensor(info.std, device=device).view(shape) * 255
+
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            return x
+        if device.type == "cuda" and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)       # arithmetic below keeps the layout
+        x = x.float()
+        return (x - mean) / std if mean is not None else x / 255
+    return scale
