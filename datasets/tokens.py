@@ -62,13 +62,13 @@ class TokenWindows(torch.utils.data.Dataset):
     def check(self) -> None:
         """Read the first tokens (at most PROBE_TOKENS) and refuse ids the model could not embed."""
         probe = np.asarray(self.tokens()[:PROBE_TOKENS])
+        if self.dtype == "uint16" and len(probe) >= 64 and probe[1::2].max() == 0 < probe[0::2].max():
+            raise DataError(f"tokens: every other uint16 of {self.path} is zero: it looks like uint32 ids; "
+                            "pass --dataset-options '{\"dtype\": \"uint32\"}'")
         top = int(probe.max())
         if top >= self.info.num_classes:
             raise DataError(f"tokens: {self.path} has token id {top} >= vocab_size {self.info.num_classes}; "
                             f"pass the right vocab_size (and dtype: this file was read as {self.dtype})")
-        if self.dtype == "uint16" and len(probe) >= 64 and probe[1::2].max() == 0 < probe[0::2].max():
-            raise DataError(f"tokens: every other uint16 of {self.path} is zero: it looks like uint32 ids; "
-                            "pass --dataset-options '{\"dtype\": \"uint32\"}'")
 
 
 def open_tokens(data_dir: str | None, block_size: int = 256, dtype: str = "uint16", vocab_size: int = 50257,

@@ -65,7 +65,8 @@ class ResidentBatches:
 class Seeded(torch.utils.data.Dataset):
     """Fetches ``(index, seed)`` keys: seeds ``random``, numpy and torch's CPU generator, then
     returns ``dataset[index]``. Only the CPU generator: seeding CUDA's in a forked loader would
-    queue a lazy call, with a stack trace, per sample."""
+    queue a lazy call, with a stack trace, per sample. In the training process itself
+    (``--data-workers 0``) the generators are put back afterwards: dropout draws from them."""
 
     def __init__(self, dataset: Any):
         self.dataset = dataset
@@ -74,7 +75,17 @@ class Seeded(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
-        index, seed = key
+        if torch.utils.data.get_worker_info() is not None:
+            return self._fetch(*key)
+        saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            return self._fetch(*key)
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
+
+    def _fetch(self, index: int, seed: int) -> Any:
         random.seed(seed)
         np.random.seed(seed & 0xFFFFFFFF)
         torch.default_generator.manual_seed(seed)
@@ -137,9 +148,12 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
 
 
 def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -> torch.utils.data.DataLoader:
+    """A private generator: each new iterator draws a seed from it, which must not shift the
+    training process's own generators (a validation pass would change the dropout that follows)."""
     return torch.utils.data.DataLoader(dataset, num_workers=workers, pin_memory=device.type == "cuda",
                                        persistent_workers=workers > 0 and "batch_sampler" in batching,
-                                       prefetch_factor=4 if workers else None, **batching)
+                                       prefetch_factor=4 if workers else None, generator=torch.Generator(),
+                                       **batching)
 
 
 def to_device(batches: Iterable[Batch], device: torch.device, info: Any) -> Iterator[Batch]:

@@ -211,4 +211,4 @@ def train_worker(ctx: Any, config: dict) -> dict:
     sync.finish()
     if lead:
         ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop})
-    return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch}
+    return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch, "memory_mb": worker_memory_mb()}

@@ -1,0 +1,135 @@
+"""Streamed datasets and the input pipeline, in this process: image folders, token files, factories."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from data_files import make_image_folder, make_token_files
+from harness.checkout.datasets import DataError, check_data, open_data
+from harness.checkout.datasets.imagefolder import random_resized_crop
+from harness.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_batches
+
+CROP = {"crop": 16, "resize": 20}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp("images"), classes=3, per_class=8, val_per_class=2)
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    return make_token_files(tmp_path_factory.mktemp("tokens"), train_tokens=10_000, val_tokens=3_000, vocab=64)
+
+
+def test_imagefolder_scans_classes_and_decodes_uint8_crops(images):
+    data = open_data("imagefolder", str(images), **CROP)
+    assert (len(data.train), len(data.val)) == (24, 6) and data.test is data.val
+    assert data.info.class_names == ("c0", "c1", "c2") and data.info.input_shape == (3, 16, 16)
+    assert data.train.labels.tolist() == [0] * 8 + [1] * 8 + [2] * 8
+    assert data.train.path(9).name == "001.jpg" and data.train.path(9).parent.name == "c1"
+    x, y = data.val[3]
+    assert x.dtype == torch.uint8 and x.shape == (3, 16, 16) and y == 1
+    assert torch.equal(data.val[3][0], x)                       # evaluation: resize + centre crop, no chance
+
+
+def test_training_crops_depend_on_the_sample_seed_only(images):
+    train = Seeded(open_data("imagefolder", str(images), **CROP).train)
+    a, b, c = train[(5, 11)][0], train[(5, 11)][0], train[(5, 12)][0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_random_resized_crop_boxes_stay_inside_and_in_range():
+    import random
+    random.seed(0)
+    for width, height in [(500, 375), (40, 30), (30, 300), (1000, 20)]:
+        for _ in range(200):
+            left, top, w, h = random_resized_crop(width, height)
+            assert 0 <= left and 0 <= top and left + w <= width and top + h <= height and w > 0 and h > 0
+
+
+def test_token_windows_are_shifted_pairs_read_from_the_file(tokens):
+    data = open_data("tokens", str(tokens), block_size=32, vocab_size=64, val_windows=10)
+    raw = np.fromfile(tokens / "train.bin", dtype=np.uint16).astype(np.int64)
+    assert len(data.train) == (10_000 - 1) // 32 and len(data.val) == 10
+    x, y = data.train[7]
+    assert torch.equal(x, torch.from_numpy(raw[7 * 32:8 * 32])) and torch.equal(y, torch.from_numpy(raw[7 * 32 + 1:8 * 32 + 1]))
+    assert data.info.kind == "tokens" and data.info.input_shape == (32,) and data.info.num_classes == 64
+    stride = ((3_000 - 1) // 32) // 10
+    val_raw = np.fromfile(tokens / "val.bin", dtype=np.uint16).astype(np.int64)
+    assert torch.equal(data.val[2][0], torch.from_numpy(val_raw[2 * stride * 32:2 * stride * 32 + 32]))
+
+
+def test_sampler_gives_each_rank_a_disjoint_shard_and_resumes_mid_epoch():
+    ranks = [ShardSampler(50, r, 2, 4, seed=3) for r in range(2)]
+    seen = [key for sampler in ranks for batch in sampler for key in batch]
+    assert len({i for i, _ in seen}) == len(seen) == 2 * 6 * 4
+    whole = list(ranks[0])
+    ranks[0].position = (0, 4)
+    assert list(ranks[0]) == whole[4:] and len(ranks[0]) == 2
+    ranks[0].position = (1, 0)
+    assert list(ranks[0]) != whole
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_streamed_batches_equal_the_samples_in_the_sampler_order(images, workers):
+    dataset = open_data("imagefolder", str(images), **CROP).train
+    batches = StreamedBatches(dataset, 1, 2, 4, seed=0, device=torch.device("cpu"), workers=workers)
+    try:
+        got = list(batches.epoch(2, start=1))
+        keys = list(batches.sampler)
+    finally:
+        batches.close()
+    assert len(got) == batches.steps_per_epoch - 1 == 2
+    seeded = Seeded(dataset)
+    for (x, y), batch in zip(got, keys):
+        expected = torch.stack([seeded[key][0] for key in batch]).float()
+        mean = torch.tensor(dataset.info.mean).view(1, -1, 1, 1) * 255
+        std = torch.tensor(dataset.info.std).view(1, -1, 1, 1) * 255
+        assert x.dtype == torch.float32 and torch.allclose(x, (expected - mean) / std)
+        assert y.tolist() == [dataset.labels[i] for i, _ in batch]
+
+
+def test_evaluation_batches_cover_every_sample_once(tokens):
+    val = open_data("tokens", str(tokens), block_size=32, vocab_size=64, val_windows=25).val
+    seen = [x for rank in range(3) for x, _ in evaluation_batches(val, rank, 3, 4, torch.device("cpu"))]
+    assert sum(len(x) for x in seen) == 25
+
+
+def test_check_data_reports_facts_without_generating_synthetic_data():
+    info, samples = check_data("synthetic", shape=[3, 224, 224], num_classes=1000, size=10**7, val_fraction=0.1)
+    assert info.input_shape == (3, 224, 224) and samples == 9 * 10**6
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda root: (root / "train.bin").write_bytes(b"\x01\x00\x02"), "not a multiple of 2"),
+    (lambda root: np.arange(5000, dtype=np.uint32).tofile(root / "train.bin"), "looks like uint32"),
+    (lambda root: np.full(5000, 900, dtype=np.uint16).tofile(root / "train.bin"), "token id 900 >= vocab_size 64"),
+    (lambda root: np.arange(20, dtype=np.uint16).tofile(root / "train.bin"), "fewer than one window"),
+    (lambda root: (root / "val.bin").unlink(), "val.bin does not exist"),
+])
+def test_bad_token_files_are_named_with_the_fix(tmp_path, breakage, message):
+    root = make_token_files(tmp_path / "tokens", vocab=64)
+    breakage(root)
+    with pytest.raises((DataError, FileNotFoundError), match=message) as error:
+        check_data("tokens", str(root), block_size=32, vocab_size=64)
+    assert "train.bin" in str(error.value) or "val.bin" in str(error.value)
+
+
+def test_factory_datasets_get_their_info_from_samples_and_classes(tmp_path, monkeypatch):
+    (tmp_path / "my_data.py").write_text(
+        "import torch\n"
+        "class Points(torch.utils.data.Dataset):\n"
+        "    classes = ['left', 'right']\n"
+        "    def __init__(self, n): self.n = n\n"
+        "    def __len__(self): return self.n\n"
+        "    def __getitem__(self, i): return torch.full((3,), float(i)), i % 2\n"
+        "def make(split, data_dir, size=10):\n"
+        "    return Points(size) if split == 'train' else None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = open_data("my_data:make", None, size=12)
+    assert len(data.train) == 12 and data.val is None and data.test is None
+    assert data.info.kind == "vector" and data.info.input_shape == (3,) and data.info.class_names == ("left", "right")
+    with pytest.raises(ValueError, match="has no callable 'nothing'"):
+        open_data("my_data:nothing")

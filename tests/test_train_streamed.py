@@ -1,0 +1,197 @@
+"""Train.py on streamed data end to end, on CPU workers: exact mid-epoch resume for every kind of
+streamed dataset, one-line errors for bad data, a corrupt file met mid-run, the memory bound, and
+Hugging Face's `datasets` package left to user code."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+import Train
+from data_files import make_image_folder, make_token_files
+from harness.checkpoint import load_checkpoint
+from test_train import cli, flat_params, run_train
+
+FACTORY = textwrap.dedent("""
+    import torch
+
+    class Noisy(torch.utils.data.Dataset):
+        '''Vectors with fresh noise per draw (torch's global generator), like a random augmentation.'''
+        classes = ["a", "b", "c"]
+
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return torch.full((6,), float(i % 3)) + 0.3 * torch.randn(6), i % 3
+
+    def make(split, data_dir, size=60):
+        return Noisy(size if split == "train" else 12)
+""")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp("images"), classes=3, per_class=8, val_per_class=2)
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    return make_token_files(tmp_path_factory.mktemp("tokens"), train_tokens=12_000, val_tokens=2_000, vocab=64)
+
+
+def dataset_flags(kind, images, tokens, tmp_path):
+    if kind == "imagefolder":      # 24 images, 2 workers x batch 2: 6 steps an epoch
+        return ["--dataset", "imagefolder", "--data-dir", str(images), "--dataset-options",
+                '{"crop": 16, "resize": 20}', "--batch-size", "2", "--data-workers", "1"]
+    if kind == "tokens":           # dropout draws from each rank's generator: resuming must restore it
+        return ["--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
+                '{"block_size": 16, "vocab_size": 64, "val_windows": 8}', "--model", "gpt",
+                "--model-options", '{"dropout": 0.1}', "--batch-size", "64", "--optimizer", "adamw", "--lr", "0.002"]
+    (tmp_path / "noisy_data.py").write_text(FACTORY)
+    return ["--dataset", "noisy_data:make", "--batch-size", "4", "--data-workers", "2"]
+
+
+@pytest.mark.parametrize("kind", ["imagefolder", "tokens", "factory"])
+def test_stop_and_resume_mid_epoch_equals_a_straight_run(kind, images, tokens, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))          # the factory's module, for the children too
+    flags = dataset_flags(kind, images, tokens, tmp_path)
+    results, straight = run_train(tmp_path, *flags, "--max-steps", "10", name="straight")
+    assert {r["step"] for r in results} == {10}
+    _, half = run_train(tmp_path, *flags, "--max-steps", "4", name="half")
+    state = load_checkpoint(half)
+    assert (state["step"], state["position"], state["epoch"]) == (4, 4, 0) and len(state["rng"]) == 2
+    save = tmp_path / "resumed.pt"
+    args = Train.parse_args([*flags, "--max-steps", "10", "--resume", str(half), "--save", str(save),
+                             "--log-dir", str(tmp_path / "resumed")])
+    Train.train(*Train.make_config(args))
+    a, b = flat_params(straight), flat_params(save)
+    assert (a - b).norm() <= 1e-6 * b.norm()
+    assert load_checkpoint(save)["step"] == 10
+
+
+def test_saves_every_n_steps_mid_epoch_and_resume_refuses_another_layout(images, tmp_path):
+    flags = dataset_flags("imagefolder", images, None, tmp_path)
+    _, save = run_train(tmp_path, *flags, "--max-steps", "9", "--save-every-steps", "4", "--data-workers", "0")
+    saved = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in saved if r["event"] == "saved"] == [4, 6, 8, 9]     # 6: the epoch's end
+    assert [r["event"] for r in saved].count("first_step") == 1
+    assert load_checkpoint(save)["position"] == 3
+    args = Train.parse_args([*flags, "--batch-size", "1", "--resume", str(save), "--log-dir", str(tmp_path)])
+    with pytest.raises(Train.ConfigError, match="--batch-size 2.*stopped mid-epoch"):
+        Train.make_config(args)
+
+
+def broken(tmp_path, images, damage):
+    root = tmp_path / "broken"
+    os.system(f"cp -r {images} {root}")
+    damage(root)
+    return root
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda root: None, "--dataset imagefolder needs --data-dir"),
+    (lambda root: os.system(f"rm -r {root}/train"), "train does not exist"),
+    (lambda root: os.system(f"rm -r {root}/train/*"), "train has no class folders"),
+    (lambda root: os.system(f"rm {root}/train/c1/*"), "class folder .*/train/c1 has no images"),
+    (lambda root: os.system(f"rm -r {root}/val"), "val does not exist"),
+    (lambda root: (root / "train" / "c0" / "000.jpg").write_bytes(b"not a jpeg"), "000.jpg cannot be decoded"),
+    (lambda root: (root / "val" / "c0" / "000.jpg").write_bytes(b"\xff\xd8\xff truncated"), "val/c0/000.jpg cannot"),
+])
+def test_bad_image_folders_are_one_line_errors_before_any_worker(damage, message, images, tmp_path):
+    root = broken(tmp_path, images, damage)
+    where = [] if "needs --data-dir" in message else ["--data-dir", str(root)]
+    args = Train.parse_args(["--dataset", "imagefolder", *where, "--save", str(tmp_path / "m.pt"),
+                             "--log-dir", str(tmp_path)])
+    with pytest.raises(Train.ConfigError, match=message) as error:
+        Train.make_config(args)
+    assert "\n" not in str(error.value)
+
+
+def test_bad_token_file_is_one_line_on_the_command_line(tokens, tmp_path):
+    root = tmp_path / "tokens"
+    root.mkdir()
+    (root / "train.bin").write_bytes(b"\x01\x02\x03")
+    (root / "val.bin").write_bytes((tokens / "val.bin").read_bytes())
+    result = cli("Train.py", "--dataset", "tokens", "--data-dir", str(root), "--model", "gpt",
+                 "--log-dir", str(tmp_path), "--save", str(tmp_path / "m.pt"), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"{root / 'train.bin'} has 3 bytes, not a multiple of 2" in result.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_corrupt_image_met_mid_run_names_the_file_and_keeps_the_last_checkpoint(images, tmp_path):
+    root = broken(tmp_path, images, lambda root: (root / "train" / "c2" / "005.jpg").write_bytes(b"\xff\xd8garbage"))
+    save = tmp_path / "m.pt"
+    result = cli("Train.py", "--dataset", "imagefolder", "--data-dir", str(root), "--dataset-options",
+                 '{"crop": 16, "resize": 20}', "--batch-size", "2", "--epochs", "3", "--save-every-steps", "1",
+                 "--data-workers", "1", "--save", str(save), "--log-dir", str(tmp_path / "log"),
+                 env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 1, result.stderr
+    assert f"image {root}/train/c2/005.jpg cannot be decoded" in result.stderr
+    state = load_checkpoint(save)                     # intact, and from before the failure
+    assert 1 <= state["step"] < 18
+
+
+def test_worker_memory_does_not_grow_with_the_token_file(tmp_path):
+    """A 100 MB and a 2 GB file (sparse, so the test writes nothing): resident memory per worker,
+    its loader process included, differs by far less than 100 MB."""
+    memory = {}
+    for name, size in (("small", 100 << 20), ("large", 2 << 30)):
+        root = make_token_files(tmp_path / name, train_tokens=10, val_tokens=4096, vocab=64)
+        with open(root / "train.bin", "wb") as f:
+            f.truncate(size)
+        results, _ = run_train(tmp_path, "--dataset", "tokens", "--data-dir", str(root), "--dataset-options",
+                               '{"block_size": 1024, "vocab_size": 64, "val_windows": 2}', "--model", "gpt",
+                               "--batch-size", "2", "--max-steps", "5", "--data-workers", "1", name=name)
+        memory[name] = max(r["memory_mb"] for r in results)
+    assert memory["small"] > 50                      # it measured something: torch alone is more
+    assert abs(memory["large"] - memory["small"]) < 100, memory
+
+
+def test_user_code_gets_hugging_face_datasets_in_the_parent_and_every_child(tmp_path):
+    site, user, elsewhere = tmp_path / "site", tmp_path / "user", tmp_path / "cwd"
+    (site / "datasets").mkdir(parents=True)
+    (site / "datasets" / "__init__.py").write_text("def load_dataset(name):\n    return ['stand-in', name]\n")
+    user.mkdir()
+    (user / "hf_user.py").write_text(textwrap.dedent("""
+        import os
+        import torch
+        from datasets import load_dataset        # must be the installed package, never the harness's
+
+        def make(split, data_dir):
+            assert load_dataset("digits") == ["stand-in", "digits"], "the harness's datasets/ shadowed it"
+            with open(os.path.join(os.environ["MARKS"], f"{os.getpid()}-{split}"), "w"):
+                pass
+            x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+            dataset = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+            dataset.classes = ["negative", "positive"]
+            return dataset if split == "train" else None
+    """))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(user), os.environ.get("PYTHONPATH", "")]),
+           "MARKS": str(marks), "CUDA_VISIBLE_DEVICES": ""}
+    result = cli("Train.py", "--dataset", "hf_user:make", "--dataset-options", "{}", "--epochs", "1",
+                 "--batch-size", "8", "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path / "l"),
+                 env=env, cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    pids = {name.split("-")[0] for name in os.listdir(marks)}
+    assert len(pids) == 3                             # the parent and both workers imported the stand-in
+
+
+def test_num_classes_cannot_be_guessed_is_a_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "plain_data.py").write_text(
+        "import torch\n"
+        "def make(split, data_dir):\n"
+        "    return torch.utils.data.TensorDataset(torch.zeros(8, 3), torch.zeros(8).long())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = Train.parse_args(["--dataset", "plain_data:make", "--log-dir", str(tmp_path)])
+    with pytest.raises(Train.ConfigError, match="cannot tell the number of classes"):
+        Train.make_config(args)
