@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None, help="override the data directory saved in the checkpoint")
     p.add_argument("--gpus", default=None, help="evaluate on workers on these GPUs ('all' or 0,1,...)")
     p.add_argument("--cpu-workers", type=int, default=0, help="evaluate on this many CPU workers in parallel")
-    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=None, help="default: the training batch size")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     return p.parse_args(argv)
 
@@ -125,7 +125,7 @@ def report(state: dict, confusion: torch.Tensor, shown: list[dict], as_json: boo
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.batch_size < 1 or args.cpu_workers < 0:
+    if (args.batch_size is not None and args.batch_size < 1) or args.cpu_workers < 0:
         print(f"Test.py: error: --batch-size must be at least 1 (got {args.batch_size}) and --cpu-workers "
               f"at least 0 (got {args.cpu_workers})", file=sys.stderr)
         return 2
@@ -138,14 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_dir:
         state["config"]["data_dir"] = args.data_dir
     workers = len(gpus) or args.cpu_workers
+    batch_size = args.batch_size or state["config"]["batch_size"]
     try:
         if workers:
             with Parent() as parent:
                 kids = parent.fork(workers, gpus=gpus or None)
-                kids.exec(confusion_on_shard, state, args.batch_size)
+                kids.exec(confusion_on_shard, state, batch_size)
                 confusion = sum(kids.wait())
         else:
-            confusion = confusion_on_shard(None, state, args.batch_size)
+            confusion = confusion_on_shard(None, state, batch_size)
     except (ChildError, ChildFailed, FileNotFoundError) as e:
         print(f"Test.py: evaluation failed: {e}", file=sys.stderr)
         return 1

@@ -6,9 +6,11 @@ with offsets (a Python list of a million ``str`` costs ~100 MB per process, and 
 processes would copy it page by page as reference counts change), and each sample is decoded when
 it is asked for, in the loader's worker processes.
 
-Decoding is Pillow's, with its JPEG ``draft`` mode: libjpeg scales by 1/2, 1/4 or 1/8 *while*
-decoding, so a crop that ends up 224 pixels wide is decoded at the smallest scale that still gives
-at least 224 pixels, instead of decoding the full image and throwing most of it away. Training
+JPEGs are decoded by libjpeg-turbo through simplejpeg where it is installed (its fast IDCT and
+upsampling), else by Pillow; both scale by 1/2, 1/4 or 1/8 *while* decoding (simplejpeg's
+``min_width``, Pillow's ``draft``), so a crop that ends up 224 pixels wide is decoded at the
+smallest scale that still gives at least 224 pixels, instead of decoding the full image and
+throwing most of it away. Other formats go through Pillow. Training
 samples get RandomResizedCrop (scale 0.08-1, aspect 3/4-4/3, torchvision's algorithm) and a
 horizontal flip; evaluation samples a resize of the short side to ``resize`` and a centre crop of
 ``crop``. Samples leave as uint8 CHW tensors (a quarter of float32's bytes through shared memory,
@@ -16,6 +18,8 @@ pinned memory and PCIe); the device turns them into normalised floats (``DataInf
 """
 from __future__ import annotations
 
+import importlib.util
+import io
 import math
 import os
 import random
@@ -29,13 +33,15 @@ from .split import DataError, DataInfo
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)      # ImageNet's, as torchvision's examples use
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+DECODERS = ("simplejpeg", "pillow")
 
 
 class ImageFolder(torch.utils.data.Dataset):
     """One split of an image folder. ``train=True``: random crops and flips; else resize + centre crop."""
 
-    def __init__(self, folder: Path, classes: tuple[str, ...], train: bool, crop: int, resize: int):
+    def __init__(self, folder: Path, classes: tuple[str, ...], train: bool, crop: int, resize: int, decoder: str):
         self.folder, self.classes, self.train, self.crop, self.resize = folder, classes, train, crop, resize
+        self.decoder = decoder
         self._names, self._offsets, self.labels = _scan(folder, classes)
         self.info = DataInfo("image", (3, crop, crop), len(classes), classes, MEAN, STD)
 
@@ -50,27 +56,40 @@ class ImageFolder(torch.utils.data.Dataset):
         path = self.path(index)
         try:
             pixels = self._decode(path)
-        except (OSError, SyntaxError, ValueError) as error:   # Pillow's ways of saying "not an image"
+        except (OSError, SyntaxError, ValueError) as error:   # the decoders' ways of saying "not an image"
             raise DataError(f"image {path} cannot be decoded ({error}); replace or delete the file") from None
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))), int(self.labels[index])
 
     def _decode(self, path: Path) -> np.ndarray:
         from PIL import Image
-        with Image.open(path) as image:
+        data = path.read_bytes()
+        if self.decoder == "simplejpeg" and data[:2] == b"\xff\xd8":
+            import simplejpeg
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            left, top, w, h = self._box(width, height)
+            pixels = simplejpeg.decode_jpeg(data, "RGB", fastdct=True, fastupsample=True,
+                                            min_width=math.ceil(width * self.crop / w),
+                                            min_height=math.ceil(height * self.crop / h))
+            image = Image.fromarray(pixels)
+        else:
+            image = Image.open(io.BytesIO(data))
             width, height = image.size
-            if self.train:
-                left, top, w, h = random_resized_crop(width, height)
-            else:
-                side = min(width, height) * self.crop / self.resize
-                left, top, w, h = (width - side) / 2, (height - side) / 2, side, side
+            left, top, w, h = self._box(width, height)
             image.draft("RGB", (math.ceil(width * self.crop / w), math.ceil(height * self.crop / h)))
-            sx, sy = image.size[0] / width, image.size[1] / height        # the scale draft chose
-            image = image.convert("RGB").resize((self.crop, self.crop), Image.BILINEAR,
-                                                box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
-            pixels = np.asarray(image)
+            image = image.convert("RGB")
+        sx, sy = image.size[0] / width, image.size[1] / height        # the scale the decoder chose
+        pixels = np.asarray(image.resize((self.crop, self.crop), Image.BILINEAR,
+                                         box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy)))
         if self.train and random.random() < 0.5:
             pixels = pixels[:, ::-1]            # a view: the copy into CHW order does the flip
         return pixels
+
+    def _box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The region of the image that becomes the sample: (left, top, width, height)."""
+        if self.train:
+            return random_resized_crop(width, height)
+        side = min(width, height) * self.crop / self.resize
+        return (width - side) / 2, (height - side) / 2, side, side
 
 
 def random_resized_crop(width: int, height: int) -> tuple[float, float, float, float]:
@@ -124,8 +143,17 @@ def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarra
     return np.frombuffer(b"".join(names), dtype=np.uint8), offsets, np.asarray(labels, dtype=np.int32)
 
 
-def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256) -> tuple[ImageFolder, ImageFolder]:
-    """(train, val) splits of ``data_dir``; val's classes must be among train's."""
+def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256,
+                     decoder: str | None = None) -> tuple[ImageFolder, ImageFolder]:
+    """(train, val) splits of ``data_dir``; val's classes must be among train's. ``decoder``:
+    "simplejpeg" (the default where it is installed) or "pillow"; other formats always use Pillow."""
+    if decoder is None:
+        decoder = "simplejpeg" if importlib.util.find_spec("simplejpeg") else "pillow"
+    if decoder not in DECODERS:
+        raise DataError(f"imagefolder: decoder {decoder!r} is not one of {', '.join(DECODERS)}")
+    if decoder == "simplejpeg" and not importlib.util.find_spec("simplejpeg"):
+        raise DataError("imagefolder: decoder 'simplejpeg' is not installed; pip install simplejpeg, "
+                        "or pass --dataset-options '{\"decoder\": \"pillow\"}'")
     if data_dir is None:
         raise DataError("--dataset imagefolder needs --data-dir DIR holding DIR/train/<class>/*.jpg and DIR/val/")
     if not 0 < crop <= resize:
@@ -139,5 +167,5 @@ def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256) -
     if extra:
         raise DataError(f"imagefolder: {root / 'val'} has classes not in train/ ({', '.join(extra[:5])}); "
                         "val/ must use train/'s class folder names")
-    return (ImageFolder(root / "train", classes, True, crop, resize),
-            ImageFolder(root / "val", classes, False, crop, resize))
+    return (ImageFolder(root / "train", classes, True, crop, resize, decoder),
+            ImageFolder(root / "val", classes, False, crop, resize, decoder))

@@ -90,18 +90,20 @@ def _jsonable(value: object) -> object:
     )
 
 
-def worker_memory_mb(pid: int | str = "self") -> float | None:
-    """Memory of a process and its direct children (a training worker and its loader processes):
+def worker_memory_mb(pid: int | None = None) -> float | None:
+    """Memory of a process and all its descendants (a training worker and its loader processes):
     the sum of their proportional set sizes, so pages they share (libraries, a forked parent's
-    memory, a memory-mapped file) count once. None where /proc cannot tell (not Linux)."""
+    memory, a mapped file) count once. None where /proc cannot tell (not Linux)."""
     try:
-        with open(f"/proc/{pid}/task/{pid if pid != 'self' else os.getpid()}/children") as f:
-            pids = [str(pid), *f.read().split()]
-        total_kb = 0
-        for p in pids:
+        total_kb, todo = 0, [pid or os.getpid()]
+        while todo:
+            process = todo.pop()
             try:
-                with open(f"/proc/{p}/smaps_rollup") as f:
+                with open(f"/proc/{process}/smaps_rollup") as f:
                     total_kb += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+                for task in os.listdir(f"/proc/{process}/task"):
+                    with open(f"/proc/{process}/task/{task}/children") as f:
+                        todo += [int(child) for child in f.read().split()]
             except (FileNotFoundError, ProcessLookupError):
                 continue                    # a loader process that just exited
         return total_kb / 1024

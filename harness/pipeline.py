@@ -42,12 +42,11 @@ def is_streamed(split: Any) -> bool:
 
 
 class ResidentBatches:
-    """Batches of an in-memory Split, kept on the device when it is small enough."""
-
-    DEVICE_LIMIT = 2 << 30
+    """Batches of an in-memory Split, kept on the device when it takes at most an eighth of its memory."""
 
     def __init__(self, split: Any, rank: int, world: int, batch: int, seed: int, device: torch.device):
-        on_device = split.x.nbytes + split.y.nbytes < self.DEVICE_LIMIT
+        limit = torch.cuda.get_device_properties(device).total_memory // 8 if device.type == "cuda" else 0
+        on_device = device.type == "cpu" or split.x.nbytes + split.y.nbytes <= limit
         self.x, self.y = (split.x.to(device), split.y.to(device)) if on_device else (split.x, split.y)
         self.rank, self.world, self.batch, self.seed, self.device = rank, world, batch, seed, device
         self.steps_per_epoch = (len(split) // world) // batch
@@ -138,7 +137,7 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
     """Samples rank, rank + world, ... of ``split`` in order, in batches on ``device``: every sample
     is counted once whatever the world size."""
     if not is_streamed(split):
-        mine = torch.arange(rank, len(split), world)
+        mine = torch.arange(len(split))[rank::world]
         for start in range(0, len(mine), batch):
             idx = mine[start:start + batch]
             yield split.x[idx].to(device), split.y[idx].to(device)

@@ -31,7 +31,6 @@ from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveragi
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
 MEMORY_EVERY_S = 5.0        # and measures its memory (worker and loader processes) at most this often
-EVAL_BATCH = 512
 
 
 def load_data(config: dict) -> Any:
@@ -129,7 +128,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
         if data.val is None:
             return None
         sync.finish()
-        _, correct, count = evaluate(model, evaluation_batches(data.val, rank, world, EVAL_BATCH, device,
+        # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
+        _, correct, count = evaluate(model, evaluation_batches(data.val, rank, world, config["batch_size"], device,
                                                                config["data_workers"]), config, device)
         totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
         comm.all_reduce(totals)
