@@ -131,6 +131,7 @@ def rng_state(device: torch.device) -> dict:
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
+    """``state`` as rng_state made it; a checkpoint loaded onto a GPU brings its tensors there too."""
+    torch.set_rng_state(state["cpu"].cpu())
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
