@@ -18,22 +18,25 @@ pinned memory and PCIe); the device turns them into normalised floats (``DataInf
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import math
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from . import nvjpeg
 from .split import DataError, DataInfo
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)      # ImageNet's, as torchvision's examples use
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
-DECODERS = ("simplejpeg", "pillow")
+DECODERS = ("nvjpeg", "simplejpeg", "pillow")
 
 
 class ImageFolder(torch.utils.data.Dataset):
@@ -44,6 +47,9 @@ class ImageFolder(torch.utils.data.Dataset):
         self.decoder = decoder
         self._names, self._offsets, self.labels = _scan(folder, classes)
         self.info = DataInfo("image", (3, crop, crop), len(classes), classes, MEAN, STD)
+        if decoder == "nvjpeg":     # samples stay encoded: the pipeline batches and decodes them on the device
+            self.collate = nvjpeg.collate
+            self.decode_batch = functools.partial(nvjpeg.decode_batch, crop=crop)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -52,13 +58,30 @@ class ImageFolder(torch.utils.data.Dataset):
         start, end = self._offsets[index], self._offsets[index + 1]
         return self.folder / os.fsdecode(self._names[start:end].tobytes())
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[Any, int]:
         path = self.path(index)
         try:
+            if self.decoder == "nvjpeg":
+                return self._encoded(path), int(self.labels[index])
             pixels = self._decode(path)
         except (OSError, SyntaxError, ValueError) as error:   # the decoders' ways of saying "not an image"
             raise DataError(f"image {path} cannot be decoded ({error}); replace or delete the file") from None
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))), int(self.labels[index])
+
+    def check(self) -> None:
+        """The parent's look at the first sample: with nvjpeg the loaders only read, so decode it here."""
+        sample = self[0]
+        if self.decoder == "nvjpeg":
+            self.decode_batch(nvjpeg.collate([sample])[0], device=torch.device("cpu"))
+
+    def _encoded(self, path: Path) -> tuple[torch.Tensor, tuple[float, ...], bool, str]:
+        """The file's bytes, the box to crop and whether to flip: nvjpeg.decode_batch does the rest."""
+        from PIL import Image
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:        # reads the header only
+            box = self._box(*image.size)
+        flip = self.train and random.random() < 0.5
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), box, flip, str(path)
 
     def _decode(self, path: Path) -> np.ndarray:
         from PIL import Image
@@ -111,6 +134,12 @@ def random_resized_crop(width: int, height: int) -> tuple[float, float, float, f
     return (width - w) // 2, (height - h) // 2, w, h
 
 
+def default_decoder() -> str:
+    if torch.cuda.is_available() and importlib.util.find_spec("torchvision"):
+        return "nvjpeg"
+    return "simplejpeg" if importlib.util.find_spec("simplejpeg") else "pillow"
+
+
 def class_names(folder: Path) -> tuple[str, ...]:
     """The sorted class folders of a split; one-line errors for a missing or empty split."""
     if not folder.is_dir():
@@ -145,10 +174,14 @@ def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarra
 
 def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256,
                      decoder: str | None = None) -> tuple[ImageFolder, ImageFolder]:
-    """(train, val) splits of ``data_dir``; val's classes must be among train's. ``decoder``:
-    "simplejpeg" (the default where it is installed) or "pillow"; other formats always use Pillow."""
+    """(train, val) splits of ``data_dir``; val's classes must be among train's. ``decoder``: "nvjpeg"
+    (on the GPU, the default where CUDA and torchvision are), "simplejpeg" (in the loader processes,
+    the default elsewhere where it is installed) or "pillow"; other formats always use Pillow."""
     if decoder is None:
-        decoder = "simplejpeg" if importlib.util.find_spec("simplejpeg") else "pillow"
+        decoder = default_decoder()
+    if decoder == "nvjpeg" and not importlib.util.find_spec("torchvision"):
+        raise DataError("imagefolder: decoder 'nvjpeg' needs torchvision (pip install torchvision), or pass "
+                        "--dataset-options '{\"decoder\": \"simplejpeg\"}'")
     if decoder not in DECODERS:
         raise DataError(f"imagefolder: decoder {decoder!r} is not one of {', '.join(DECODERS)}")
     if decoder == "simplejpeg" and not importlib.util.find_spec("simplejpeg"):

@@ -117,14 +117,15 @@ class StreamedBatches:
                  workers: int):
         self.sampler = ShardSampler(len(dataset), rank, world, batch, seed)
         self.steps_per_epoch = self.sampler.steps_per_epoch
-        self.info, self.device = dataset.info, device
-        self.loader = _loader(Seeded(dataset), device, workers, batch_sampler=self.sampler)
+        self.dataset, self.device = dataset, device
+        self.loader = _loader(Seeded(dataset), device, workers, batch_sampler=self.sampler,
+                              collate_fn=getattr(dataset, "collate", None))
         self._iterator: Iterator | None = None
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.position = (epoch, start)
         self._iterator = iter(self.loader)      # persistent workers: reused, told the new positions
-        return to_device(self._iterator, self.device, self.info)
+        return to_device(self._iterator, self.device, self.dataset)
 
     def close(self) -> None:
         shutdown = getattr(self._iterator, "_shutdown_workers", None)
@@ -143,7 +144,8 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
             yield split.x[idx].to(device), split.y[idx].to(device)
         return
     subset = torch.utils.data.Subset(split, range(rank, len(split), world))
-    yield from to_device(iter(_loader(subset, device, workers, batch_size=batch)), device, split.info)
+    loader = _loader(subset, device, workers, batch_size=batch, collate_fn=getattr(split, "collate", None))
+    yield from to_device(iter(loader), device, split)
 
 
 def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -> torch.utils.data.DataLoader:
@@ -155,22 +157,27 @@ def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -
                                        **batching)
 
 
-def to_device(batches: Iterable[Batch], device: torch.device, info: Any) -> Iterator[Batch]:
+def to_device(batches: Iterable[Any], device: torch.device, dataset: Any) -> Iterator[Batch]:
     """Batches on ``device``, as floats where they came as uint8 images. On a GPU the copy (and the
     conversion) of the next batch is issued on a side stream before the current one is handed out,
-    so it overlaps the step; the step's stream waits only for its own batch's event."""
-    scale = _normalizer(info, device)
+    so it overlaps the step; the step's stream waits only for its own batch's event. A dataset whose
+    batches are not tensors (still-encoded JPEGs) turns them into tensors with ``decode_batch``."""
+    scale = _normalizer(dataset.info, device)
+    decode = getattr(dataset, "decode_batch", None)
+
+    def move(x: Any) -> torch.Tensor:
+        return decode(x, device=device) if decode else x.to(device, non_blocking=True)
+
     if device.type != "cuda":
         for x, y in batches:
-            yield scale(x), y
+            yield scale(move(x)), y
         return
     stream = torch.cuda.Stream(device)
 
-    def issue(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+    def issue(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
         with torch.cuda.stream(stream):
-            x, y = (t.to(device, non_blocking=True) for t in batch)
-            x = scale(x)
-            return x, y, stream.record_event()
+            x, y = move(batch[0]), batch[1].to(device, non_blocking=True)
+            return scale(x), y, stream.record_event()
 
     ahead = None
     for batch in batches:

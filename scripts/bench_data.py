@@ -65,8 +65,8 @@ def plan(args: argparse.Namespace, n: int) -> list[dict]:
     rows, workers = [], [] if args.data_workers is None else ["--data-workers", str(args.data_workers)]
     if "resident" in args.parts:
         rows.append(resident("resnet50"))
-    if "jpeg" in args.parts:        # the default decoder (simplejpeg where installed), then Pillow's
-        for suffix, decoder in (("", None), ("-pillow", "pillow")):
+    if "jpeg" in args.parts:        # the default decoder (nvjpeg on a GPU host), then the two CPU decoders
+        for suffix, decoder in (("", None), ("-simplejpeg", "simplejpeg"), ("-pillow", "pillow")):
             options = ["--dataset-options", json.dumps({"decoder": decoder})] if decoder else []
             rows.append(train(f"resnet50-jpeg{suffix}", "resnet50", "jpeg", ["--dataset", "imagefolder", "--data-dir",
                               str(args.data / "jpeg"), *options, *workers], data_workers=args.data_workers,

@@ -7,7 +7,7 @@ out=${OUT:-bench/results/latest}
 work=/tmp/bench-data-out
 mkdir -p "$out"
 python3 -c "import torch, simplejpeg, os; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'simplejpeg', simplejpeg.__version__, 'cores', os.cpu_count())"
-timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_pipeline_gpu.py tests/test_train_gpu.py 2>&1 | tee "$out/gpu_tests.log"
-timeout 480 python3 scripts/bench_data.py --out "$work" "$@" 2>&1 | tee "$out/bench_data.log"
+timeout 330 python3 scripts/bench_data.py --out "$work" "$@" 2>&1 | tee "$out/bench_data.log"
 cp "$work"/bench_data.json "$work"/bench_data.md "$work"/bench_data.png "$out"/
 tar czf "$out/logs.tgz" -C "$work" logs
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_pipeline_gpu.py tests/test_train_gpu.py 2>&1 | tee "$out/gpu_tests.log"

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.gpu
 def test_side_stream_batches_equal_the_cpu_batches(tmp_path):
     if not has_gpus(1):
         pytest.skip("needs a CUDA GPU")
-    dataset = open_data("imagefolder", str(make_image_folder(tmp_path, per_class=16)), crop=16, resize=20).train
+    dataset = open_data("imagefolder", str(make_image_folder(tmp_path, per_class=16)), crop=16, resize=20,
+                        decoder="simplejpeg").train
     on_gpu = StreamedBatches(dataset, 0, 1, 8, seed=1, device=torch.device("cuda"), workers=2)
     on_cpu = StreamedBatches(dataset, 0, 1, 8, seed=1, device=torch.device("cpu"), workers=0)
     try:
@@ -27,6 +28,23 @@ def test_side_stream_batches_equal_the_cpu_batches(tmp_path):
                 assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last)
                 torch.cuda.synchronize()
                 assert torch.allclose(xg.cpu(), xc, atol=1e-5) and torch.equal(yg.cpu(), yc)
+    finally:
+        on_gpu.close()
+        on_cpu.close()
+
+
+def test_nvjpeg_decodes_on_the_gpu_what_pillow_decodes_on_the_cpu(tmp_path):
+    if not has_gpus(1):
+        pytest.skip("needs a CUDA GPU")
+    dataset = open_data("imagefolder", str(make_image_folder(tmp_path, per_class=16)), crop=16, resize=20).train
+    assert dataset.decoder == "nvjpeg"              # the default where CUDA and torchvision are
+    on_gpu = StreamedBatches(dataset, 0, 1, 8, seed=2, device=torch.device("cuda"), workers=2)
+    on_cpu = StreamedBatches(dataset, 0, 1, 8, seed=2, device=torch.device("cpu"), workers=0)
+    try:
+        for (xg, yg), (xc, yc) in zip(on_gpu.epoch(1), on_cpu.epoch(1)):
+            torch.cuda.synchronize()
+            assert xg.shape == xc.shape == (8, 3, 16, 16) and torch.equal(yg.cpu(), yc)
+            assert (xg.cpu() - xc).abs().mean() < 0.07          # ~4 of 255 levels: two JPEG decoders
     finally:
         on_gpu.close()
         on_cpu.close()

@@ -53,7 +53,7 @@ def test_the_two_decoders_agree_and_other_formats_decode_too(images, tmp_path):
         assert png[2][0].shape == (3, 16, 16) and png.path(2).suffix == ".png"
     finally:
         (images / "val" / "c0" / "extra.png").unlink()
-    with pytest.raises(DataError, match="decoder 'turbo' is not one of simplejpeg, pillow"):
+    with pytest.raises(DataError, match="decoder 'turbo' is not one of nvjpeg, simplejpeg, pillow"):
         open_data("imagefolder", str(images), decoder="turbo")
 
 
@@ -163,3 +163,23 @@ def test_reading_windows_does_not_pile_mapped_pages_onto_the_reader(tmp_path):
     for index in np.random.default_rng(1).integers(0, len(train), 3000):
         train[int(index)]
     assert worker_memory_mb() - before < 20
+
+
+def test_encoded_batches_decode_to_the_same_crops_as_the_cpu_decoders(images):
+    """The nvjpeg decoder's batches, decoded here through its CPU fallback (the GPU decode is a GPU test)."""
+    from harness.checkout.datasets.imagefolder import ImageFolder
+    pillow = open_data("imagefolder", str(images), decoder="pillow", **CROP)
+    encoded = ImageFolder(images / "val", pillow.info.class_names, False, 16, 20, "nvjpeg")
+    batch, labels = encoded.collate([encoded[i] for i in range(len(encoded))])
+    assert labels.tolist() == [pillow.val[i][1] for i in range(len(encoded))]
+    decoded = encoded.decode_batch(batch, device=torch.device("cpu"))
+    expected = torch.stack([pillow.val[i][0] for i in range(len(encoded))])
+    assert decoded.dtype == torch.uint8 and decoded.shape == expected.shape
+    assert (decoded.float() - expected.float()).abs().mean() < 4
+    train = Seeded(ImageFolder(images / "train", pillow.info.class_names, True, 16, 20, "nvjpeg"))
+    (data, box, flip, path), _ = train[(3, 7)]
+    assert train[(3, 7)][0][1:3] == (box, flip) and path.endswith("c0/003.jpg") and len(data) > 100
+    bad = batch._replace(data=[*batch.data[:-1], torch.frombuffer(bytearray(b"\xff\xd8 no"), dtype=torch.uint8)],
+                         paths=[*batch.paths[:-1], "broken.jpg"])
+    with pytest.raises(DataError, match="image broken.jpg cannot be decoded"):
+        encoded.decode_batch(bad, device=torch.device("cpu"))
