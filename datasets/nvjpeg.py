@@ -45,13 +45,32 @@ def decode_batch(batch: Encoded, crop: int, device: torch.device) -> torch.Tenso
     except (RuntimeError, OSError, SyntaxError, ValueError):   # torchvision's and Pillow's "cannot decode"
         _name_the_bad_file(batch)
         raise
-    out = torch.empty((len(images), 3, crop, crop), dtype=torch.uint8, device=device)
-    for i, (image, box, flip) in enumerate(zip(images, batch.boxes.tolist(), batch.flips.tolist())):
-        left, top, width, height = (round(v) for v in box)
-        region = image[None, :, top:top + max(1, height), left:left + max(1, width)].float()
-        resized = F.interpolate(region, size=(crop, crop), mode="bilinear", antialias=True, align_corners=False)[0]
-        out[i] = (resized.flip(-1) if flip else resized).round_().clamp_(0, 255)
-    return out
+    return crop_all(images, batch.boxes, batch.flips, crop)
+
+
+def crop_all(images: list[torch.Tensor], boxes: torch.Tensor, flips: torch.Tensor, crop: int) -> torch.Tensor:
+    """Every image's box resized to crop x crop (flipped where asked) in a few kernels for the whole
+    batch, not a few per image: launching ~6 kernels per image cost ~135 us each on the training
+    thread, a third of nvJPEG's throughput. Bilinear samples at twice the size, averaged 2 x 2 (an
+    antialiased downscale, like Pillow's); sample points are kept on each image's own pixels, so
+    the padding of a batch of unequal sizes never leaks in."""
+    device = images[0].device
+    sizes = torch.tensor([image.shape[1:] for image in images], dtype=torch.float64)       # (height, width)
+    if all(image.shape == images[0].shape for image in images):
+        batch = torch.stack(images)
+    else:
+        batch = torch.zeros((len(images), 3, *sizes.max(0).values.long().tolist()), dtype=torch.uint8, device=device)
+        for i, image in enumerate(images):
+            batch[i, :, :image.shape[1], :image.shape[2]] = image
+    steps = (torch.arange(2 * crop, dtype=torch.float64) + 0.5) / (2 * crop)           # sample centres in [0, 1]
+    left, top, width, height = boxes.T[:, :, None]
+    across = torch.where(flips[:, None], steps.flip(0), steps)
+    x = (left + across * width).clamp(min=0.5 * torch.ones_like(left), max=sizes[:, 1:2] - 0.5)
+    y = (top + steps * height).clamp(min=0.5 * torch.ones_like(top), max=sizes[:, 0:1] - 0.5)
+    grid = torch.stack(torch.broadcast_tensors((2 * x / batch.shape[3] - 1)[:, None, :],
+                                               (2 * y / batch.shape[2] - 1)[:, :, None]), -1)
+    sampled = F.grid_sample(batch.float(), grid.to(device, torch.float32), mode="bilinear", align_corners=False)
+    return F.avg_pool2d(sampled, 2).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def _decode(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

@@ -65,8 +65,9 @@ def plan(args: argparse.Namespace, n: int) -> list[dict]:
     rows, workers = [], [] if args.data_workers is None else ["--data-workers", str(args.data_workers)]
     if "resident" in args.parts:
         rows.append(resident("resnet50"))
-    if "jpeg" in args.parts:        # the default decoder (nvjpeg on a GPU host), then the two CPU decoders
-        for suffix, decoder in (("", None), ("-simplejpeg", "simplejpeg"), ("-pillow", "pillow")):
+    if "jpeg" in args.parts:
+        for decoder in args.decoders:
+            suffix, decoder = ("", None) if decoder == "default" else (f"-{decoder}", decoder)
             options = ["--dataset-options", json.dumps({"decoder": decoder})] if decoder else []
             rows.append(train(f"resnet50-jpeg{suffix}", "resnet50", "jpeg", ["--dataset", "imagefolder", "--data-dir",
                               str(args.data / "jpeg"), *options, *workers], data_workers=args.data_workers,
@@ -307,6 +308,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/data"), help="results folder")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="'resident' runs both models' GPU-resident ceilings")
+    parser.add_argument("--decoders", nargs="+", choices=("default", "nvjpeg", "simplejpeg", "pillow"),
+                        default=["default", "nvjpeg", "simplejpeg", "pillow"], help="a jpeg row for each")
     parser.add_argument("--images", type=int, default=50_000, help="JPEGs in the training folder")
     parser.add_argument("--train-gb", type=float, default=5.0, help="size of the large train.bin")
     parser.add_argument("--resnet-steps", type=int, default=150)

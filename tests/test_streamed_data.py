@@ -183,3 +183,21 @@ def test_encoded_batches_decode_to_the_same_crops_as_the_cpu_decoders(images):
                          paths=[*batch.paths[:-1], "broken.jpg"])
     with pytest.raises(DataError, match="image broken.jpg cannot be decoded"):
         encoded.decode_batch(bad, device=torch.device("cpu"))
+
+
+def test_batched_crops_equal_per_image_resizes_with_flips_and_unequal_sizes():
+    from harness.checkout.datasets.nvjpeg import crop_all
+    generator = torch.Generator().manual_seed(0)
+    ramp = torch.linspace(0, 255, 120)
+    smooth = (ramp[None, :, None] * 0.5 + ramp[None, None, :100] * 0.5).expand(3, 120, 100)
+    images = [(smooth + 20 * torch.rand(3, 120, 100, generator=generator)).clamp(0, 255).to(torch.uint8),
+              smooth[:, :90, :70].clone().to(torch.uint8)]
+    boxes = torch.tensor([[10.0, 20.0, 60.0, 80.0], [0.0, 0.0, 70.0, 90.0]], dtype=torch.float64)
+    flips = torch.tensor([True, False])
+    got = crop_all(images, boxes, flips, 24).float()
+    for i, (image, (left, top, width, height)) in enumerate(zip(images, boxes.long().tolist())):
+        region = image[None, :, top:top + height, left:left + width].float()
+        expected = torch.nn.functional.interpolate(region, size=(24, 24), mode="bilinear", antialias=True)[0]
+        expected = expected.flip(-1) if flips[i] else expected
+        assert (got[i] - expected).abs().mean() < 2.5, i
+    assert not torch.equal(got[0], got[0].flip(-1))
