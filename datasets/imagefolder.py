@@ -135,8 +135,7 @@ def random_resized_crop(width: int, height: int) -> tuple[float, float, float, f
 
 
 def default_decoder() -> str:
-    if torch.cuda.is_available() and importlib.util.find_spec("torchvision"):
-        return "nvjpeg"
+    """The fastest measured (bench/results/2026-11-22-h200x4-data): simplejpeg in the loader processes."""
     return "simplejpeg" if importlib.util.find_spec("simplejpeg") else "pillow"
 
 
@@ -174,9 +173,9 @@ def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarra
 
 def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256,
                      decoder: str | None = None) -> tuple[ImageFolder, ImageFolder]:
-    """(train, val) splits of ``data_dir``; val's classes must be among train's. ``decoder``: "nvjpeg"
-    (on the GPU, the default where CUDA and torchvision are), "simplejpeg" (in the loader processes,
-    the default elsewhere where it is installed) or "pillow"; other formats always use Pillow."""
+    """(train, val) splits of ``data_dir``; val's classes must be among train's. ``decoder``:
+    "simplejpeg" (in the loader processes; the default where it is installed), "pillow", or "nvjpeg"
+    (on the GPU, needs torchvision; see nvjpeg.py); other formats always use Pillow."""
     if decoder is None:
         decoder = default_decoder()
     if decoder == "nvjpeg" and not importlib.util.find_spec("torchvision"):

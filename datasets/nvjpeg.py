@@ -55,21 +55,23 @@ def crop_all(images: list[torch.Tensor], boxes: torch.Tensor, flips: torch.Tenso
     antialiased downscale, like Pillow's); sample points are kept on each image's own pixels, so
     the padding of a batch of unequal sizes never leaks in."""
     device = images[0].device
-    sizes = torch.tensor([image.shape[1:] for image in images], dtype=torch.float64)       # (height, width)
+    sizes = torch.tensor([image.shape[1:] for image in images], dtype=torch.float32, device=device)  # (h, w)
     if all(image.shape == images[0].shape for image in images):
         batch = torch.stack(images)
     else:
-        batch = torch.zeros((len(images), 3, *sizes.max(0).values.long().tolist()), dtype=torch.uint8, device=device)
+        batch = torch.zeros((len(images), 3, *sizes.amax(0).long().tolist()), dtype=torch.uint8, device=device)
         for i, image in enumerate(images):
             batch[i, :, :image.shape[1], :image.shape[2]] = image
-    steps = (torch.arange(2 * crop, dtype=torch.float64) + 0.5) / (2 * crop)           # sample centres in [0, 1]
-    left, top, width, height = boxes.T[:, :, None]
-    across = torch.where(flips[:, None], steps.flip(0), steps)
-    x = (left + across * width).clamp(min=0.5 * torch.ones_like(left), max=sizes[:, 1:2] - 0.5)
-    y = (top + steps * height).clamp(min=0.5 * torch.ones_like(top), max=sizes[:, 0:1] - 0.5)
+    # The grid is built where it is used: made on the host it is B x 2crop x 2crop x 2 numbers to copy
+    # every batch (measured: 1,046 images/s on an H200, against 13,618 for the decode alone).
+    steps = (torch.arange(2 * crop, dtype=torch.float32, device=device) + 0.5) / (2 * crop)   # sample centres
+    left, top, width, height = boxes.to(device, torch.float32).T[:, :, None]
+    across = torch.where(flips.to(device)[:, None], steps.flip(0), steps)
+    x = torch.minimum((left + across * width).clamp(min=0.5), sizes[:, 1:2] - 0.5)
+    y = torch.minimum((top + steps * height).clamp(min=0.5), sizes[:, 0:1] - 0.5)
     grid = torch.stack(torch.broadcast_tensors((2 * x / batch.shape[3] - 1)[:, None, :],
                                                (2 * y / batch.shape[2] - 1)[:, :, None]), -1)
-    sampled = F.grid_sample(batch.float(), grid.to(device, torch.float32), mode="bilinear", align_corners=False)
+    sampled = F.grid_sample(batch.float(), grid, mode="bilinear", align_corners=False)
     return F.avg_pool2d(sampled, 2).round_().clamp_(0, 255).to(torch.uint8)
 
 
