@@ -242,7 +242,9 @@ def set_ceiling_ratios(rows: list[dict]) -> None:
 
 
 def label(row: dict) -> str:
-    return f"{row['source']} {row['file_gb']:g} GB" if "file_gb" in row else row["source"]
+    if "file_gb" in row:
+        return f"{row['source']} {row['file_gb']:g} GB"
+    return f"{row['source']} {row['decoder']}" if row.get("decoder") else row["source"]
 
 
 def markdown(rows: list[dict]) -> str:
