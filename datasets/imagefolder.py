@@ -10,7 +10,8 @@ JPEGs are decoded by libjpeg-turbo through simplejpeg where it is installed (its
 upsampling), else by Pillow; both scale by 1/2, 1/4 or 1/8 *while* decoding (simplejpeg's
 ``min_width``, Pillow's ``draft``), so a crop that ends up 224 pixels wide is decoded at the
 smallest scale that still gives at least 224 pixels, instead of decoding the full image and
-throwing most of it away. Other formats go through Pillow. Training
+throwing most of it away. Other formats go through Pillow. With ``decoder="nvjpeg"`` the loader
+processes only read the files and the batch is decoded on the GPU (nvjpeg.py). Training
 samples get RandomResizedCrop (scale 0.08-1, aspect 3/4-4/3, torchvision's algorithm) and a
 horizontal flip; evaluation samples a resize of the short side to ``resize`` and a centre crop of
 ``crop``. Samples leave as uint8 CHW tensors (a quarter of float32's bytes through shared memory,

@@ -4,6 +4,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:          # models/ and datasets/ are used from the checkout
     sys.path.insert(0, str(ROOT))
@@ -42,3 +44,17 @@ def has_gpus(n: int = 1) -> bool:
         return torch.cuda.is_available() and torch.cuda.device_count() >= n
     except Exception:
         return False
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory):
+    """3 classes of 8 training and 2 validation JPEGs (tests that break files work on a copy)."""
+    from data_files import make_image_folder
+    return make_image_folder(tmp_path_factory.mktemp("images"), classes=3, per_class=8, val_per_class=2)
+
+
+@pytest.fixture(scope="session")
+def tokens(tmp_path_factory):
+    """train.bin of 12,000 and val.bin of 2,000 uint16 tokens below 64."""
+    from data_files import make_token_files
+    return make_token_files(tmp_path_factory.mktemp("tokens"), train_tokens=12_000, val_tokens=2_000, vocab=64)

@@ -3,51 +3,44 @@ Train.py trains from a JPEG folder and a token file on GPU workers, resuming mid
 import pytest
 import torch
 
-import Train
 from conftest import has_gpus
 from data_files import make_image_folder, make_token_files
 from harness.checkout.datasets import open_data
 from harness.pipeline import StreamedBatches
-from test_train import flat_params, run_train
+from test_train_streamed import stop_and_resume
 
 pytestmark = pytest.mark.gpu
 
 
-def test_side_stream_batches_equal_the_cpu_batches(tmp_path):
+def gpu_and_cpu_batches(tmp_path, decoder: str, epochs: int):
+    """The same shard's batches through the GPU pipeline (loader processes, side stream) and on the CPU."""
     if not has_gpus(1):
         pytest.skip("needs a CUDA GPU")
     dataset = open_data("imagefolder", str(make_image_folder(tmp_path, per_class=16)), crop=16, resize=20,
-                        decoder="simplejpeg").train
+                        decoder=decoder).train
     on_gpu = StreamedBatches(dataset, 0, 1, 8, seed=1, device=torch.device("cuda"), workers=2)
     on_cpu = StreamedBatches(dataset, 0, 1, 8, seed=1, device=torch.device("cpu"), workers=0)
     try:
-        for epoch in range(2):
-            pairs = list(zip(on_gpu.epoch(epoch), on_cpu.epoch(epoch)))
-            assert len(pairs) == on_gpu.steps_per_epoch == 6
-            for (xg, yg), (xc, yc) in pairs:
-                assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last)
-                torch.cuda.synchronize()
-                assert torch.allclose(xg.cpu(), xc, atol=1e-5) and torch.equal(yg.cpu(), yc)
+        pairs = [pair for epoch in range(epochs) for pair in zip(on_gpu.epoch(epoch), on_cpu.epoch(epoch))]
+        torch.cuda.synchronize()
+        return pairs
     finally:
         on_gpu.close()
         on_cpu.close()
+
+
+def test_side_stream_batches_equal_the_cpu_batches(tmp_path):
+    pairs = gpu_and_cpu_batches(tmp_path, "simplejpeg", epochs=2)
+    assert len(pairs) == 2 * 6
+    for (xg, yg), (xc, yc) in pairs:
+        assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last)
+        assert torch.allclose(xg.cpu(), xc, atol=1e-5) and torch.equal(yg.cpu(), yc)
 
 
 def test_nvjpeg_decodes_on_the_gpu_what_pillow_decodes_on_the_cpu(tmp_path):
-    if not has_gpus(1):
-        pytest.skip("needs a CUDA GPU")
-    dataset = open_data("imagefolder", str(make_image_folder(tmp_path, per_class=16)), crop=16, resize=20,
-                        decoder="nvjpeg").train
-    on_gpu = StreamedBatches(dataset, 0, 1, 8, seed=2, device=torch.device("cuda"), workers=2)
-    on_cpu = StreamedBatches(dataset, 0, 1, 8, seed=2, device=torch.device("cpu"), workers=0)
-    try:
-        for (xg, yg), (xc, yc) in zip(on_gpu.epoch(1), on_cpu.epoch(1)):
-            torch.cuda.synchronize()
-            assert xg.shape == xc.shape == (8, 3, 16, 16) and torch.equal(yg.cpu(), yc)
-            assert (xg.cpu() - xc).abs().mean() < 0.07          # ~4 of 255 levels: two JPEG decoders
-    finally:
-        on_gpu.close()
-        on_cpu.close()
+    for (xg, yg), (xc, yc) in gpu_and_cpu_batches(tmp_path, "nvjpeg", epochs=1):
+        assert xg.shape == xc.shape == (8, 3, 16, 16) and torch.equal(yg.cpu(), yc)
+        assert (xg.cpu() - xc).abs().mean() < 0.07          # ~4 of 255 levels: two JPEG decoders
 
 
 @pytest.mark.parametrize("kind", ["imagefolder", "tokens"])
@@ -62,12 +55,6 @@ def test_train_from_files_on_gpus_and_resume_mid_epoch(kind, tmp_path):
         flags = ["--dataset", "tokens", "--data-dir", str(make_token_files(tmp_path / "d")), "--dataset-options",
                  '{"block_size": 32, "vocab_size": 64}', "--model", "gpt", "--batch-size", "16"]
     flags += ["--gpus", gpus, "--no-tf32", "--data-workers", "2"]
-    results, straight = run_train(tmp_path, *flags, "--max-steps", "9", name="straight")
+    straight, resumed, results, _ = stop_and_resume(tmp_path, flags, 5, 9)
     assert {r["step"] for r in results} == {9} and len({r["checksum"] for r in results}) == 1
-    _, half = run_train(tmp_path, *flags, "--max-steps", "5", name="half")
-    save = tmp_path / "resumed.pt"
-    args = Train.parse_args([*flags, "--max-steps", "9", "--resume", str(half), "--save", str(save),
-                             "--log-dir", str(tmp_path / "resumed")])
-    Train.train(*Train.make_config(args))
-    a, b = flat_params(straight), flat_params(save)
-    assert (a - b).norm() <= 1e-5 * b.norm()
+    assert (straight - resumed).norm() <= 1e-5 * resumed.norm()

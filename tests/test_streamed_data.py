@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_files import make_image_folder, make_token_files
+from data_files import make_token_files
 from harness.checkout.datasets import DataError, check_data, open_data
 from harness.checkout.datasets.imagefolder import random_resized_crop
 from harness.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_batches
@@ -13,14 +13,6 @@ from harness.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_b
 CROP = {"crop": 16, "resize": 20}
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    return make_image_folder(tmp_path_factory.mktemp("images"), classes=3, per_class=8, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    return make_token_files(tmp_path_factory.mktemp("tokens"), train_tokens=10_000, val_tokens=3_000, vocab=64)
 
 
 @pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
@@ -69,11 +61,11 @@ def test_random_resized_crop_boxes_stay_inside_and_in_range():
 def test_token_windows_are_shifted_pairs_read_from_the_file(tokens):
     data = open_data("tokens", str(tokens), block_size=32, vocab_size=64, val_windows=10)
     raw = np.fromfile(tokens / "train.bin", dtype=np.uint16).astype(np.int64)
-    assert len(data.train) == (10_000 - 1) // 32 and len(data.val) == 10
+    assert len(data.train) == (12_000 - 1) // 32 and len(data.val) == 10
     x, y = data.train[7]
     assert torch.equal(x, torch.from_numpy(raw[7 * 32:8 * 32])) and torch.equal(y, torch.from_numpy(raw[7 * 32 + 1:8 * 32 + 1]))
     assert data.info.kind == "tokens" and data.info.input_shape == (32,) and data.info.num_classes == 64
-    stride = ((3_000 - 1) // 32) // 10
+    stride = ((2_000 - 1) // 32) // 10
     val_raw = np.fromfile(tokens / "val.bin", dtype=np.uint16).astype(np.int64)
     assert torch.equal(data.val[2][0], torch.from_numpy(val_raw[2 * stride * 32:2 * stride * 32 + 32]))
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import Train
-from data_files import make_image_folder, make_token_files
+from data_files import make_token_files
 from harness.checkpoint import load_checkpoint
 from test_train import cli, flat_params, run_train
 
@@ -35,14 +35,6 @@ FACTORY = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    return make_image_folder(tmp_path_factory.mktemp("images"), classes=3, per_class=8, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    return make_token_files(tmp_path_factory.mktemp("tokens"), train_tokens=12_000, val_tokens=2_000, vocab=64)
 
 
 def dataset_flags(kind, images, tokens, tmp_path):
@@ -57,22 +49,26 @@ def dataset_flags(kind, images, tokens, tmp_path):
     return ["--dataset", "noisy_data:make", "--batch-size", "4", "--data-workers", "2"]
 
 
+def stop_and_resume(tmp_path, flags: list[str], stop: int, total: int):
+    """Train ``total`` steps straight, and ``stop`` steps then --resume to ``total``; returns the two final
+    parameter vectors, the straight run's worker summaries and the stopped run's checkpoint."""
+    results, straight = run_train(tmp_path, *flags, "--max-steps", str(total), name="straight")
+    _, stopped = run_train(tmp_path, *flags, "--max-steps", str(stop), name="stopped")
+    save = tmp_path / "resumed.pt"
+    args = Train.parse_args([*flags, "--max-steps", str(total), "--resume", str(stopped), "--save", str(save),
+                             "--log-dir", str(tmp_path / "resumed")])
+    Train.train(*Train.make_config(args))
+    assert load_checkpoint(save)["step"] == total
+    return flat_params(straight), flat_params(save), results, load_checkpoint(stopped)
+
+
 @pytest.mark.parametrize("kind", ["imagefolder", "tokens", "factory"])
 def test_stop_and_resume_mid_epoch_equals_a_straight_run(kind, images, tokens, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))          # the factory's module, for the children too
-    flags = dataset_flags(kind, images, tokens, tmp_path)
-    results, straight = run_train(tmp_path, *flags, "--max-steps", "10", name="straight")
+    straight, resumed, results, stopped = stop_and_resume(tmp_path, dataset_flags(kind, images, tokens, tmp_path), 4, 10)
     assert {r["step"] for r in results} == {10}
-    _, half = run_train(tmp_path, *flags, "--max-steps", "4", name="half")
-    state = load_checkpoint(half)
-    assert (state["step"], state["position"], state["epoch"]) == (4, 4, 0) and len(state["rng"]) == 2
-    save = tmp_path / "resumed.pt"
-    args = Train.parse_args([*flags, "--max-steps", "10", "--resume", str(half), "--save", str(save),
-                             "--log-dir", str(tmp_path / "resumed")])
-    Train.train(*Train.make_config(args))
-    a, b = flat_params(straight), flat_params(save)
-    assert (a - b).norm() <= 1e-6 * b.norm()
-    assert load_checkpoint(save)["step"] == 10
+    assert (stopped["step"], stopped["position"], stopped["epoch"]) == (4, 4, 0) and len(stopped["rng"]) == 2
+    assert (straight - resumed).norm() <= 1e-6 * resumed.norm()
 
 
 def test_saves_every_n_steps_mid_epoch_and_resume_refuses_another_layout(images, tmp_path):
