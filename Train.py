@@ -75,7 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--save-every", type=int, default=1, help="save every N epochs (default 1) and at the end")
     a("--save-every-steps", type=int, default=0,
       help="also save every N updates, mid-epoch too (default 0: off); --resume continues exactly from there")
-    a("--resume", default=None, help="checkpoint to continue from, exactly where it stopped")
+    a("--resume", default=None,
+      help="checkpoint to continue from, exactly where it stopped, mid-epoch too (param mode: exact when it "
+           "stopped at a multiple of --avg-every; --cuda-graph repeats its warm-up updates)")
     a("--seed", type=int, default=0)
     a("--amp", choices=("bf16",), default=None, help="bf16 autocast")
     a("--tf32", action=argparse.BooleanOptionalAction, default=True,
@@ -166,11 +168,12 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
             raise ConfigError(str(e)) from None
         shape = ("model", "model_options", "dataset", "dataset_options", "optimizer")
         if saved.get("position"):       # mid-epoch: the rest of the epoch's order depends on these too
-            shape += ("seed", "batch_size", "workers")
+            shape += ("seed", "batch_size", "workers", "samples")
         differ = [k for k in shape if saved["config"].get(k) != config[k]]
         if differ:
             raise ConfigError(f"--resume {config['resume']} was trained with "
-                              + ", ".join(f"--{k.replace('_', '-')} {saved['config'].get(k)!r}" for k in differ)
+                              + ", ".join(f"a training set of {saved['config'].get(k)} samples" if k == "samples"
+                                          else f"--{k.replace('_', '-')} {saved['config'].get(k)!r}" for k in differ)
                               + "; pass the same values to continue it"
                               + (" (it stopped mid-epoch)" if saved.get("position") else ""))
     return config, gpus
@@ -189,7 +192,7 @@ def _check_data_and_model(config: dict) -> int:
                                    val_fraction=config["val_fraction"], **config["dataset_options"])
         with torch.device("meta"):          # checks the model's options without allocating its weights
             build(config, info, torch.device("meta"))
-    except (FileNotFoundError, ValueError, TypeError, ImportError) as e:
+    except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
         raise ConfigError(str(e).splitlines()[0]) from None
     shard = samples // config["workers"]
     if config["batch_size"] > shard:

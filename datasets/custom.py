@@ -33,10 +33,21 @@ def open_custom(spec: str, data_dir: str | None, **options: Any) -> tuple[Any, A
         raise DataError(f"dataset factory {spec} returned no training samples; it must return a non-empty "
                         "Dataset for split 'train'")
     info = infer_info(train, spec)
-    for dataset in (train, val):
-        if dataset is not None and getattr(dataset, "info", None) is None:
-            dataset.info = info
-    return train, val
+    return Described(train, info), (Described(val, info) if val is not None else None)
+
+
+class Described(torch.utils.data.Dataset):
+    """The user's Dataset with the DataInfo the harness reads; its own ``.info`` (Hugging Face's
+    datasets have one of another kind) is left alone."""
+
+    def __init__(self, dataset: Any, info: DataInfo):
+        self.dataset, self.info = dataset, info
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
 
 
 def infer_info(dataset: Any, spec: str) -> DataInfo:

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
+from .checkout.datasets import Split
 from .checkout.datasets.sharding import epoch_seed, shard_indices
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -38,7 +39,7 @@ def default_data_workers(workers_on_host: int) -> int:
 
 
 def is_streamed(split: Any) -> bool:
-    return not hasattr(split, "x")
+    return not isinstance(split, Split)
 
 
 class ResidentBatches:
@@ -143,7 +144,9 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
             idx = mine[start:start + batch]
             yield split.x[idx].to(device), split.y[idx].to(device)
         return
-    subset = torch.utils.data.Subset(split, range(rank, len(split), world))
+    # Seeded with fixed keys: a sample's randomness, if any, is the same at every evaluation, and an
+    # evaluation in the training process leaves its generators as they were (resume stays exact).
+    subset = torch.utils.data.Subset(Seeded(split), [(i, i) for i in range(rank, len(split), world)])
     loader = _loader(subset, device, workers, batch_size=batch, collate_fn=getattr(split, "collate", None))
     yield from to_device(iter(loader), device, split)
 
@@ -198,7 +201,10 @@ def _handed_over(x: torch.Tensor, y: torch.Tensor, event: torch.cuda.Event) -> B
 
 def _normalizer(info: Any, device: torch.device):
     """uint8 images -> float: x / 255, then per-channel (x - mean) / std when the data defines them;
-    images go channels_last on GPUs (the models there are channels_last)."""
+    images go channels_last on GPUs (the models there are channels_last). Other data passes as it is
+    (uint8 token ids stay ids)."""
+    if info.kind != "image":
+        return lambda x: x
     mean = std = None
     if info.mean is not None:
         shape = (1, -1, 1, 1)

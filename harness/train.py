@@ -119,8 +119,12 @@ def train_worker(ctx: Any, config: dict) -> dict:
     sync = make_synchroniser(config, comm, flat, optimizer)
     sync.start()
 
+    if position >= batches.steps_per_epoch:
+        raise ValueError(f"--resume {config['resume']} stopped after batch {position} of an epoch, but an epoch "
+                         f"has {batches.steps_per_epoch} batches now; resume with the data it was trained on")
     total = config["max_steps"] or config["epochs"] * batches.steps_per_epoch
-    best_error, stale, stop, saved_at = math.inf, 0, None, step if state else None
+    best_error, stale = state.get("early_stop", (math.inf, 0)) if state else (math.inf, 0)
+    stop, saved_at = None, step if state else None
     last_report, memory, memory_at, first = time.monotonic(), None, -math.inf, step + 1
 
     def validate() -> float | None:
@@ -156,7 +160,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
         if lead:
             save_checkpoint(config["save"], {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                              "epoch": epoch, "step": step, "position": position,
-                                             "rng": generators, "config": config})
+                                             "rng": generators, "early_stop": (best_error, stale),
+                                             "config": config})
             ctx.send({"event": "saved", "epoch": epoch, "step": step, "path": config["save"]})
         saved_at = step
 

@@ -193,3 +193,12 @@ def test_batched_crops_equal_per_image_resizes_with_flips_and_unequal_sizes():
         expected = expected.flip(-1) if flips[i] else expected
         assert (got[i] - expected).abs().mean() < 2.5, i
     assert not torch.equal(got[0], got[0].flip(-1))
+
+
+def test_uint8_token_ids_stay_ids_on_the_way_to_the_device():
+    from harness.checkout.datasets import DataInfo
+    from harness.pipeline import to_device
+    dataset = type("Bytes", (), {"info": DataInfo("tokens", (4,), 256)})()
+    ids = torch.tensor([[0, 7, 255, 3]], dtype=torch.uint8)
+    (x, _), = to_device([(ids, ids)], torch.device("cpu"), dataset)
+    assert torch.equal(x, ids)

@@ -18,11 +18,14 @@ FACTORY = textwrap.dedent("""
     import torch
 
     class Noisy(torch.utils.data.Dataset):
-        '''Vectors with fresh noise per draw (torch's global generator), like a random augmentation.'''
+        '''Vectors with fresh noise per draw (torch's global generator), like a random augmentation;
+        an `x` and an `info` of its own must not confuse the harness.'''
         classes = ["a", "b", "c"]
+        info = "not the harness's DataInfo"
 
         def __init__(self, n):
             self.n = n
+            self.x = list(range(n))
 
         def __len__(self):
             return self.n
@@ -32,6 +35,10 @@ FACTORY = textwrap.dedent("""
 
     def make(split, data_dir, size=60):
         return Noisy(size if split == "train" else 12)
+
+    def model(info):
+        return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Dropout(0.3), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, info.num_classes))
 """)
 
 
@@ -45,8 +52,8 @@ def dataset_flags(kind, images, tokens, tmp_path):
         return ["--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
                 '{"block_size": 16, "vocab_size": 64, "val_windows": 8}', "--model", "gpt",
                 "--model-options", '{"dropout": 0.1}', "--batch-size", "64", "--optimizer", "adamw", "--lr", "0.002"]
-    (tmp_path / "noisy_data.py").write_text(FACTORY)
-    return ["--dataset", "noisy_data:make", "--batch-size", "4", "--data-workers", "2"]
+    (tmp_path / "noisy_data.py").write_text(FACTORY)      # validation at the stop draws in the training process
+    return ["--dataset", "noisy_data:make", "--model", "noisy_data:model", "--batch-size", "4", "--data-workers", "0"]
 
 
 def stop_and_resume(tmp_path, flags: list[str], stop: int, total: int):
@@ -69,6 +76,14 @@ def test_stop_and_resume_mid_epoch_equals_a_straight_run(kind, images, tokens, t
     assert {r["step"] for r in results} == {10}
     assert (stopped["step"], stopped["position"], stopped["epoch"]) == (4, 4, 0) and len(stopped["rng"]) == 2
     assert (straight - resumed).norm() <= 1e-6 * resumed.norm()
+
+
+def test_resume_mid_epoch_refuses_a_training_set_of_another_size(tmp_path):
+    _, save = run_train(tmp_path, "--batch-size", "8", "--max-steps", "30")
+    assert load_checkpoint(save)["position"] == 30
+    args = Train.parse_args(["--batch-size", "8", "--val-fraction", "0.9", "--resume", str(save), "--log-dir", str(tmp_path)])
+    with pytest.raises(Train.ConfigError, match="a training set of 1294 samples.*stopped mid-epoch"):
+        Train.make_config(args)
 
 
 def test_saves_every_n_steps_mid_epoch_and_resume_refuses_another_layout(images, tmp_path):
