@@ -21,7 +21,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-__path__ = [str(ROOT)]          # makes harness.checkout.datasets and harness.checkout.models importable
+# Makes harness.checkout.datasets and harness.checkout.models importable, from the checkout only: a
+# harness installed without its checkout (pip install . rather than -e) would otherwise find
+# site-packages' datasets, Hugging Face's, under our name.
+__path__ = [str(ROOT)] if (ROOT / "datasets" / "sharding.py").is_file() else []
 
 SHADOWED = "datasets"
 
