@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from harness import ChildError, ChildFailed, Parent
+from harness import ChildError, ChildFailed, Parent, timeline
 from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
 from harness.metrics import MetricsLog, plot_metrics, read_metrics
 from harness.optim import OPTIMIZERS
@@ -255,9 +255,11 @@ def mps_for(config: dict) -> Iterator[dict[str, str]]:
         yield daemon.env
 
 
-def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> list[dict]:
-    """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries."""
+def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None) -> list[dict]:
+    """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries.
+    ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end."""
     from harness.train import train_worker
+    marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
     log = MetricsLog(config["log_dir"])
     progress = Progress(config, steps_per_epoch, log)
@@ -265,13 +267,18 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> lis
         # The daemon outlives the workers: MPS only quits once its clients are gone.
         with mps_for(config) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
             kids = parent.fork(config["workers"], gpus=gpus or None, env=daemon_env)
+            timeline.mark(marks, "forked")
             kids.exec(train_worker, config)
             while True:
                 record = kids[0].receive()
                 progress.handle(record)
+                if record["event"] == "first_step":
+                    timeline.mark(marks, "first_step")
                 if record["event"] == "done":
                     break
             results = kids.wait()
+        log.write({"time": time.time(), "event": "startup", "parent": marks,
+                   "workers": [r["marks"] for r in results]})
     finally:
         progress.close()
         log.close()
@@ -282,6 +289,7 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
+    marks = timeline.start("imported")
     args = parse_args(argv)
     try:
         config, gpus = make_config(args)
@@ -293,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "")
     print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
           f"mode {config['mode']}")
+    timeline.mark(marks, "checked")
     try:
-        train(config, gpus, args.heartbeat_timeout)
+        train(config, gpus, args.heartbeat_timeout, marks)
     except ConfigError as e:                    # the MPS daemon did not start
         print(f"Train.py: error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+from . import timeline
+
 HEARTBEAT_INTERVAL = 1.0
 
 
@@ -50,6 +52,7 @@ class Context:
         self._stopping = False
         self._last_heartbeat = 0.0
         self._parent_pid = int(os.environ.get("HARNESS_PARENT_PID", os.getppid()))
+        self.marks = timeline.start("imported")    # the start-up timeline: interpreter and imports done
         self._link = link_factory(self)
 
     @property

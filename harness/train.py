@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 import torch
 
+from . import timeline
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .flat import FlatParameters
 from .metrics import worker_memory_mb
@@ -101,7 +102,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config["tf32"]
     rank, world, lead = ctx.rank, ctx.world_size, ctx.rank == 0
+    marks = {**ctx.marks, "exec": time.time()}
     data = load_data(config)
+    timeline.mark(marks, "data")
     state = load_checkpoint(config["resume"], map_location=device) if config["resume"] else None
     # Where the data stands: epochs completed, updates done, and batches done in the current epoch.
     epoch, step, position = (state["epoch"], state["step"], state.get("position", 0)) if state else (0, 0, 0)
@@ -110,7 +113,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
     stream = batches.epoch(epoch, position)     # loader processes start now, while the model is built
     model, optimizer = build(config, data.info, device)
     flat = FlatParameters(model)
+    timeline.mark(marks, "model")
     comm = ctx.communicator()
+    timeline.mark(marks, "communicator")
     if state:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -184,8 +189,11 @@ def train_worker(ctx: Any, config: dict) -> dict:
             step, position, done = step + 1, position + 1, done + 1
             sync.after_step(step)
             loss_sum += loss.double()
-            if lead and step == first:
-                ctx.send({"event": "first_step", "step": step, "loss": loss.item()})
+            if step == first:       # one synchronisation, so that the mark is when the step really ended
+                first_loss = loss.item()
+                timeline.mark(marks, "first_step")
+                if lead:
+                    ctx.send({"event": "first_step", "step": step, "loss": first_loss})
             if lead and time.monotonic() - last_report >= REPORT_EVERY_S:
                 last_report = time.monotonic()
                 if last_report - memory_at >= MEMORY_EVERY_S:
@@ -216,4 +224,5 @@ def train_worker(ctx: Any, config: dict) -> dict:
     sync.finish()
     if lead:
         ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop})
-    return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch, "memory_mb": worker_memory_mb()}
+    return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch, "memory_mb": worker_memory_mb(),
+            "marks": marks}

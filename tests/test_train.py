@@ -165,3 +165,18 @@ def test_works_with_a_huggingface_style_datasets_package_installed(tmp_path):
                  env=env, cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     assert cli("Test.py", "--checkpoint", str(tmp_path / "m.pt"), env=env, cwd=elsewhere).returncode == 0
+
+
+def test_startup_timeline_marks_every_phase_in_order(tmp_path):
+    results, _ = run_train(tmp_path, "--epochs", "1", name="timeline")
+    record = [json.loads(line) for line in (tmp_path / "timeline" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert record["event"] == "startup" and len(record["workers"]) == 2
+    assert list(record["parent"]) == ["process", "checked", "forked", "first_step"]
+    for marks in record["workers"]:
+        phases = ["process", "imported", "exec", "data", "model", "communicator", "first_step"]
+        assert list(marks) == phases and all(marks[a] <= marks[b] for a, b in zip(phases, phases[1:]))
+        # /proc counts in 10 ms ticks: a worker is created after the parent's checks, within a tick or two
+        assert record["parent"]["checked"] - 0.02 <= marks["process"] and marks["first_step"] <= record["time"]
+    shown = subprocess.run([sys.executable, str(ROOT / "scripts" / "startup_timeline.py"), str(tmp_path / "timeline")],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "communicator" in shown.stdout and "rank 1" in shown.stdout
