@@ -99,9 +99,10 @@ def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fracti
         return data.info, len(data.train)
     for split in (data.train, data.val):
         if split is not None:
-            if hasattr(split, "check"):
-                split.check()
             if len(split) == 0:
                 raise DataError(f"dataset {name}: a split of {data_dir or 'the factory'} has no samples")
-            split[0]
+            if hasattr(split, "check"):
+                split.check()               # a dataset's own check covers its first sample
+            else:
+                split[0]
     return data.info, len(data.train)

@@ -70,7 +70,7 @@ class ImageFolder(torch.utils.data.Dataset):
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))), int(self.labels[index])
 
     def check(self) -> None:
-        """The parent's look at the first sample: with nvjpeg the loaders only read, so decode it here."""
+        """The parent's look at the first sample, decoded (with nvjpeg the loaders only read it)."""
         sample = self[0]
         if self.decoder == "nvjpeg":
             self.decode_batch(nvjpeg.collate([sample])[0], device=torch.device("cpu"))

@@ -78,7 +78,9 @@ class TokenWindows(torch.utils.data.Dataset):
         return window[:-1], window[1:]
 
     def check(self) -> None:
-        """Read the first tokens (at most PROBE_TOKENS) and refuse ids the model could not embed."""
+        """Read the first window, then the first tokens (at most PROBE_TOKENS), and refuse ids the model
+        could not embed."""
+        self[0]
         probe = np.asarray(self.tokens()[:PROBE_TOKENS])
         if self.dtype == "uint16" and len(probe) >= 64 and probe[1::2].max() == 0 < probe[0::2].max():
             raise DataError(f"tokens: every other uint16 of {self.path} is zero: it looks like uint32 ids; "
