@@ -170,6 +170,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
             ctx.send({"event": "saved", "epoch": epoch, "step": step, "path": config["save"]})
         saved_at = step
 
+    def save_due() -> bool:
+        return bool(config["save_every_steps"]) and step % config["save_every_steps"] == 0
+
     example = None
     if config["cuda_graph"] and device.type == "cuda":    # the graph's static inputs start as the first batch
         example = next(stream)
@@ -202,8 +205,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
                           "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start)})
             if config["validate_every"] and step % config["validate_every"] == 0:
                 val_error = validate()
-            if config["save_every_steps"] and step % config["save_every_steps"] == 0 \
-                    and position < batches.steps_per_epoch:
+            if save_due() and position < batches.steps_per_epoch:     # an epoch's end saves below
                 save()
             if stop is not None or step >= total:
                 break
@@ -219,7 +221,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             ctx.send({"event": "epoch", "epoch": epoch, "step": step, "train_loss": (totals[0] / totals[1]).item(),
                       "val_error": val_error, "seconds": time.monotonic() - epoch_start})
         if stop is not None or step >= total or (ended and config["save_every"] and epoch % config["save_every"] == 0) \
-                or (config["save_every_steps"] and step % config["save_every_steps"] == 0):
+                or save_due():
             save()
     sync.finish()
     if lead:
