@@ -3,12 +3,15 @@
 Defaults: an MLP on scikit-learn's bundled handwritten digits, on every GPU if there are GPUs,
 otherwise on 2 CPU workers; the checkpoint goes to checkpoints/model.pt and the log (JSON lines
 and a plot) to runs/. Every bad input is a one-line error before any worker starts.
+Ctrl-C or SIGTERM: the workers stop within 8 updates and save a checkpoint that --resume continues
+exactly; exit status 130 or 143. A second Ctrl-C stops at once.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Iterator
 
 from harness import ChildError, ChildFailed, Parent, timeline
 from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
+from harness.interrupt import Interrupted, Interrupts
 from harness.metrics import MetricsLog, plot_metrics, read_metrics
 from harness.optim import OPTIMIZERS
 from harness.placement import resolve_gpus, visible_gpus
@@ -228,7 +232,7 @@ class Progress:
                        f"{record['train_loss']:.4f}"
                        + (f", validation error {val:.2%}" if val is not None else "")
                        + f" ({record['seconds']:.1f} s)")
-        elif event == "done" and record["stop"]:
+        elif event == "done" and record["stop"] and not record.get("signal"):    # main() says where it stopped
             tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
 
     def close(self) -> None:
@@ -255,9 +259,11 @@ def mps_for(config: dict) -> Iterator[dict[str, str]]:
         yield daemon.env
 
 
-def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None) -> list[dict]:
+def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None,
+          interrupts: Interrupts | None = None) -> list[dict]:
     """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries.
-    ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end."""
+    ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end.
+    ``interrupts``: the handlers of SIGINT and SIGTERM, told about the workers once they exist."""
     from harness.train import train_worker
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
@@ -268,6 +274,8 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
         with mps_for(config) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
             kids = parent.fork(config["workers"], gpus=gpus or None, env=daemon_env)
             timeline.mark(marks, "forked")
+            if interrupts is not None:
+                interrupts.watch(kids)
             kids.exec(train_worker, config)
             while True:
                 record = kids[0].receive()
@@ -291,6 +299,17 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
 def main(argv: list[str] | None = None) -> int:
     marks = timeline.start("imported")
     args = parse_args(argv)
+    with Interrupts() as caught:
+        try:
+            return run(args, marks, caught)
+        except Interrupted as e:
+            print(f"Train.py: {e}; nothing saved since the last checkpoint", file=sys.stderr)
+            return 128 + e.signum
+
+
+def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
+    """Check, train, and say how it ended; returns the exit status (128 + the signal's number when
+    SIGINT or SIGTERM stopped the run at an update, with a checkpoint that --resume continues)."""
     try:
         config, gpus = make_config(args)
     except ConfigError as e:
@@ -303,13 +322,20 @@ def main(argv: list[str] | None = None) -> int:
           f"mode {config['mode']}")
     timeline.mark(marks, "checked")
     try:
-        train(config, gpus, args.heartbeat_timeout, marks)
+        results = train(config, gpus, args.heartbeat_timeout, marks, interrupts)
     except ConfigError as e:                    # the MPS daemon did not start
         print(f"Train.py: error: {e}", file=sys.stderr)
         return 2
     except (ChildError, ChildFailed) as e:
         print(f"Train.py: training failed: {e}", file=sys.stderr)
         return 1
+    signum = results[0]["interrupted"]
+    if signum:
+        saved = (f"saved {config['save']}; continue with --resume {config['save']}" if config["save"]
+                 else "not saved (--save is empty)")
+        print(f"Train.py: {signal.Signals(signum).name}: stopped at epoch {results[0]['epoch']}, "
+              f"update {results[0]['step']}; {saved}", file=sys.stderr)
+        return 128 + signum
     return 0
 
 

@@ -12,6 +12,11 @@ Child -> parent: ("hello", None, pid), ("heartbeat", None, None), ("print", id, 
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
 rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
 Either side turns an authentic message it cannot decode into an error for the current exec.
+A "stop" that arrives while a function runs aborts it: the parent is ending the run.
+
+SIGINT and SIGTERM never end a child: they are recorded as ``ctx.interrupted`` (the signal's
+number) for the running function to act on; the parent decides when the run ends
+(harness/interrupt.py).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from typing import Any, Callable, Sequence
 from . import timeline
 
 HEARTBEAT_INTERVAL = 1.0
+_interrupted: int | None = None      # the last SIGINT or SIGTERM this process received
 
 
 class PeerFailed(RuntimeError):
@@ -50,10 +56,16 @@ class Context:
         self._aborts: dict[int, str] = {}      # exec id -> reason; an abort may overtake its exec
         self._tags: dict[str, int] = {}
         self._stopping = False
+        self._running = False
         self._last_heartbeat = 0.0
         self._parent_pid = int(os.environ.get("HARNESS_PARENT_PID", os.getppid()))
         self.marks = timeline.start("imported")    # the start-up timeline: interpreter and imports done
         self._link = link_factory(self)
+
+    @property
+    def interrupted(self) -> int | None:
+        """The number of the last SIGINT or SIGTERM this child received, or None."""
+        return _interrupted
 
     @property
     def device(self):
@@ -145,6 +157,8 @@ class Context:
                 self._aborts.setdefault(ident, payload)
         elif kind == "stop":
             self._stopping = True
+            if self._running and self._aborted is None:
+                self._abort("the parent stopped the run")
         elif kind == "undecodable":
             self._link.send(("error", self._exec_id, "this child could not decode a message from the parent:\n"
                              + payload))
@@ -180,10 +194,12 @@ class Context:
         fn, args, kwargs = call
         self._exec_id, self._aborted, self._tags = exec_id, self._aborts.pop(exec_id, None), {}
         self._inbox["join"].clear()
+        self._running = True
         try:
             outcome = ("result", fn(self, *args, **kwargs))
         except BaseException:
             outcome = ("error", traceback.format_exc())
+        self._running = False
         if outcome[0] == "error":
             self._abort_owned()      # a collective of ours may be in flight: never wait on it
         try:
@@ -219,8 +235,14 @@ def _connect(ctx: Context, endpoint: str, key: bytes):
     return Link(socket, key, ctx.dispatch, ctx.housekeeping)
 
 
+def _record_signal(signum: int, _frame: Any) -> None:
+    global _interrupted
+    _interrupted = signum
+
+
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group: the parent stops us
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _record_signal)
     env = os.environ
     sys.path[:] = json.loads(env.pop("HARNESS_SYS_PATH", "[]")) or sys.path
     key = bytes.fromhex(env.pop("HARNESS_KEY"))

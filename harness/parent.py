@@ -10,6 +10,7 @@ been told to abort and have been stopped. Nothing hangs and nothing is left runn
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import logging
@@ -171,6 +172,14 @@ class Children:
     def receive(self) -> list:
         """The next object each child sent, in rank order."""
         return self._take("data")
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every child still running. Safe in a signal handler (it only calls
+        ``os.kill``): that is how the parent forwards Ctrl-C and SIGTERM (harness/interrupt.py)."""
+        for child in self._children:
+            if child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signum)
 
     def wait(self) -> list:
         """Wait for the function of the last ``exec`` to return in every child; its values in rank order."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import signal
 import time
 from typing import Any, Iterable
 
@@ -24,6 +25,7 @@ import torch
 from . import timeline
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .flat import FlatParameters
+from .interrupt import StopVote
 from .metrics import worker_memory_mb
 from .optim import build_optimizer
 from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
@@ -123,6 +125,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             set_rng_state(state["rng"][rank], device)
     sync = make_synchroniser(config, comm, flat, optimizer)
     sync.start()
+    vote, interrupted = StopVote(ctx, comm, device), 0
 
     if position >= batches.steps_per_epoch:
         raise ValueError(f"--resume {config['resume']} stopped after batch {position} of an epoch, but an epoch "
@@ -191,6 +194,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
             loss = train_step(x, y)
             step, position, done = step + 1, position + 1, done + 1
             sync.after_step(step)
+            interrupted = interrupted or vote.poll(step)
+            if interrupted and stop is None:
+                stop = f"interrupted by {signal.Signals(interrupted).name}"
             loss_sum += loss.double()
             if step == first:       # one synchronisation, so that the mark is when the step really ended
                 first_loss = loss.item()
@@ -225,6 +231,6 @@ def train_worker(ctx: Any, config: dict) -> dict:
             save()
     sync.finish()
     if lead:
-        ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop})
+        ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop, "signal": interrupted or None})
     return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch, "memory_mb": worker_memory_mb(),
-            "marks": marks}
+            "marks": marks, "interrupted": interrupted or None}

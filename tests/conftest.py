@@ -31,6 +31,24 @@ def wait_gone(pids, timeout: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their loader processes, ...), from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().split(") ")[-1].split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    found, frontier = [], [pid]
+    while frontier:
+        below = [p for p, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
+
+
 def kill_quietly(pid: int, sig=signal.SIGKILL) -> None:
     try:
         os.kill(pid, sig)
