@@ -38,11 +38,11 @@ def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
     """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the
     test split, or for very many classes the pair (correct, counted) as a 1 x 2 tensor."""
     from harness.pipeline import default_data_workers, evaluation_batches
-    from harness.train import autocast, build, load_data
+    from harness.train import autocast, load_data, make_model
     config = state["config"]
     device = ctx.device if ctx is not None else torch.device("cpu")
     test = _test_split(load_data(config), config)
-    model, _ = build(config, test.info, device)
+    model = make_model(config, test.info, device)
     model.load_state_dict(state["model"])
     model.eval()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
@@ -73,10 +73,10 @@ def examples(state: dict) -> list[dict]:
     """A few test samples with the model's prediction (the seed's oddeven lines for oddeven)."""
     from harness.checkout.datasets import decode_oddeven
     from harness.pipeline import evaluation_batches
-    from harness.train import build, load_data
+    from harness.train import load_data, make_model
     config = state["config"]
     test = _test_split(load_data(config), config)
-    model, _ = build(config, test.info, torch.device("cpu"))
+    model = make_model(config, test.info, torch.device("cpu"))
     model.load_state_dict(state["model"])
     model.eval()
     x, y = next(evaluation_batches(test, 0, max(1, len(test) // EXAMPLES), EXAMPLES, torch.device("cpu")))

@@ -2,7 +2,7 @@
 
 Defaults: an MLP on scikit-learn's bundled handwritten digits, on every GPU if there are GPUs,
 otherwise on 2 CPU workers; the checkpoint goes to checkpoints/model.pt and the log (JSON lines
-and a plot) to runs/. Every bad input is a one-line error before any worker starts.
+and a plot) to runs/. Every bad input is a one-line error before any worker trains.
 Ctrl-C or SIGTERM: the workers stop within 8 updates and save a checkpoint that --resume continues
 exactly; exit status 130 or 143. A second Ctrl-C stops at once.
 """
@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from harness import ChildError, ChildFailed, Parent, timeline
+from harness import ChildError, ChildFailed, Children, Parent, timeline
 from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
 from harness.interrupt import Interrupted, Interrupts
+from harness.recovery import GaveUp, with_restarts
 from harness.metrics import MetricsLog, plot_metrics, read_metrics
-from harness.optim import OPTIMIZERS
+from harness.optim import OPTIMIZERS, check_options
 from harness.placement import resolve_gpus, visible_gpus
 
 DEFAULT_SAVE = "checkpoints/model.pt"
@@ -92,11 +93,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "it; its 3 warm-up updates use the first batch. Falls back to eager, with a message, if capture fails")
     a("--log-dir", default="runs", help="metrics.jsonl and metrics.png go here (default runs/)")
     a("--heartbeat-timeout", type=float, default=30.0, help="seconds of silence before a worker counts as hung")
+    a("--max-restarts", type=int, default=0,
+      help="when a worker dies or hangs, restart every worker from the last checkpoint, at most N times "
+           "(default 0: the run stops with the error); an exception in the training code is not retried")
     return p.parse_args(argv)
 
 
 def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
-    """Check every input that can be checked before starting workers; returns (config, gpus)."""
+    """Check every input that can be checked before training; returns (config, gpus)."""
+    config, gpus = read_flags(args)
+    check_inputs(config)
+    return config, gpus
+
+
+def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
+    """The flags' own checks (fast: no data is read); returns (config, gpus)."""
     from harness.checkout.datasets import dataset_names, is_known
     from harness.checkout.models import MODELS
     from harness.pipeline import default_data_workers
@@ -121,7 +132,8 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
         raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
-    for name in ("seed", "patience", "validate_every", "save_every", "save_every_steps", "weight_decay"):
+    for name in ("seed", "patience", "validate_every", "save_every", "save_every_steps", "weight_decay",
+                 "max_restarts"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
     if args.heartbeat_timeout <= 0:
@@ -143,6 +155,10 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         raise ConfigError(f"--data-workers must not be negative, got {args.data_workers}")
     workers = len(gpus) * args.workers_per_gpu or args.cpu_workers
     momentum = args.momentum if args.momentum is not None else (0.9 if args.optimizer == "sgd" else 0.0)
+    try:
+        check_options(args.optimizer, args.lr, momentum, args.weight_decay, args.nesterov)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     config = {
         "model": args.model, "model_options": json_option("model-options", args.model_options),
         "dataset": args.dataset, "dataset_options": json_option("dataset-options", args.dataset_options),
@@ -154,11 +170,17 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
         "save": args.save or None, "save_every": args.save_every, "save_every_steps": args.save_every_steps,
-        "resume": args.resume, "seed": args.seed,
+        "resume": args.resume, "seed": args.seed, "max_restarts": args.max_restarts,
         "amp": args.amp, "tf32": args.tf32, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
         "workers": workers, "mps": args.mps,
         "data_workers": args.data_workers if args.data_workers is not None else default_data_workers(workers),
     }
+    return config, gpus
+
+
+def check_inputs(config: dict) -> None:
+    """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
+    device); sets ``config["samples"]``. Train.py runs them while its workers start."""
     config["samples"] = _check_data_and_model(config)
     if config["save"]:
         try:
@@ -180,7 +202,6 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
                                           else f"--{k.replace('_', '-')} {saved['config'].get(k)!r}" for k in differ)
                               + "; pass the same values to continue it"
                               + (" (it stopped mid-epoch)" if saved.get("position") else ""))
-    return config, gpus
 
 
 def _check_data_and_model(config: dict) -> int:
@@ -190,12 +211,12 @@ def _check_data_and_model(config: dict) -> int:
     number of training samples."""
     import torch
     from harness.checkout.datasets import check_data
-    from harness.train import build
+    from harness.train import make_model
     try:
         info, samples = check_data(config["dataset"], config["data_dir"], seed=config["seed"],
                                    val_fraction=config["val_fraction"], **config["dataset_options"])
         with torch.device("meta"):          # checks the model's options without allocating its weights
-            build(config, info, torch.device("meta"))
+            make_model(config, info, torch.device("meta"))
     except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
         raise ConfigError(str(e).splitlines()[0]) from None
     shard = samples // config["workers"]
@@ -213,6 +234,7 @@ class Progress:
         self.total = config["max_steps"] or steps_per_epoch * config["epochs"]
         self.epochs = -(-self.total // steps_per_epoch)
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
+        self.saved: str | None = None      # the last checkpoint this run wrote
 
     def handle(self, record: dict) -> None:
         from tqdm import tqdm
@@ -232,6 +254,12 @@ class Progress:
                        f"{record['train_loss']:.4f}"
                        + (f", validation error {val:.2%}" if val is not None else "")
                        + f" ({record['seconds']:.1f} s)")
+        elif event == "saved":
+            self.saved = record["path"]
+        elif event == "restart":
+            tqdm.write(f"rank {record['rank']} ({record['cause']}): restarting every worker from "
+                       + (f"{record['resume']}" if record["resume"] else "the start")
+                       + f" (restart {record['restart']} of {record['max_restarts']})")
         elif event == "done" and record["stop"] and not record.get("signal"):    # main() says where it stopped
             tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
 
@@ -259,32 +287,42 @@ def mps_for(config: dict) -> Iterator[dict[str, str]]:
         yield daemon.env
 
 
+# torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
+WORKER_IMPORTS = ("harness.train", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
+
+
+@contextlib.contextmanager
+def workers(config: dict, gpus: list[int], heartbeat_timeout: float) -> Iterator[Children]:
+    """A group of training workers, stopped on exit. They import what training needs as soon as they
+    start, so a group started before the parent's checks does that work alongside them. With --mps the
+    private daemon starts first and outlives the workers: MPS only quits once its clients are gone."""
+    with mps_for(config) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
+        yield parent.fork(config["workers"], gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS)
+
+
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None,
-          interrupts: Interrupts | None = None) -> list[dict]:
-    """Fork the workers, run harness.train.train_worker on each, show progress; returns their summaries.
+          interrupts: Interrupts | None = None, started: Children | None = None) -> list[dict]:
+    """Run harness.train.train_worker on every worker and show progress; returns their summaries.
+    ``started``: workers already started (Train.py starts them before its checks), else a group is
+    forked here. A worker that dies or hangs restarts the group from the last checkpoint, --max-restarts times.
     ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end.
     ``interrupts``: the handlers of SIGINT and SIGTERM, told about the workers once they exist."""
-    from harness.train import train_worker
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
     log = MetricsLog(config["log_dir"])
     progress = Progress(config, steps_per_epoch, log)
+
+    def attempt(attempt_config: dict) -> list[dict]:
+        nonlocal started
+        if started is not None:             # only the first attempt: a failed group is stopped for good
+            kids, started = started, None
+            return run_group(attempt_config, kids, marks, interrupts, progress)
+        with workers(attempt_config, gpus, heartbeat_timeout) as kids:
+            marks.setdefault("forked", time.time())
+            return run_group(attempt_config, kids, marks, interrupts, progress)
+
     try:
-        # The daemon outlives the workers: MPS only quits once its clients are gone.
-        with mps_for(config) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
-            kids = parent.fork(config["workers"], gpus=gpus or None, env=daemon_env)
-            timeline.mark(marks, "forked")
-            if interrupts is not None:
-                interrupts.watch(kids)
-            kids.exec(train_worker, config)
-            while True:
-                record = kids[0].receive()
-                progress.handle(record)
-                if record["event"] == "first_step":
-                    timeline.mark(marks, "first_step")
-                if record["event"] == "done":
-                    break
-            results = kids.wait()
+        results = with_restarts(attempt, config, lambda: progress.saved, progress.handle)
         log.write({"time": time.time(), "event": "startup", "parent": marks,
                    "workers": [r["marks"] for r in results]})
     finally:
@@ -294,6 +332,23 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
     print(f"log: {log.path}" + (f", plot: {plot}" if plot else "")
           + (f", checkpoint: {config['save']}" if config["save"] else ""))
     return results
+
+
+def run_group(config: dict, kids: Children, marks: dict, interrupts: Interrupts | None,
+              progress: Progress) -> list[dict]:
+    """One group of workers from start (or ``config["resume"]``) to the end of the run."""
+    from harness.train import train_worker
+    if interrupts is not None:
+        interrupts.watch(kids)
+    kids.exec(train_worker, config)
+    while True:
+        record = kids[0].receive()
+        progress.handle(record)
+        if record["event"] == "first_step":
+            timeline.mark(marks, "first_step")
+        if record["event"] == "done":
+            break
+    return kids.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,24 +364,28 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
     """Check, train, and say how it ended; returns the exit status (128 + the signal's number when
-    SIGINT or SIGTERM stopped the run at an update, with a checkpoint that --resume continues)."""
+    SIGINT or SIGTERM stopped the run at an update, with a checkpoint that --resume continues).
+    The workers start as soon as the flags are read, and the checks that read files run meanwhile."""
     try:
-        config, gpus = make_config(args)
+        config, gpus = read_flags(args)
     except ConfigError as e:
         print(f"Train.py: error: {e}", file=sys.stderr)
         return 2
-    where = f"{config['workers']} CPU workers"
-    if gpus:
-        where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "")
-    print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
-          f"mode {config['mode']}")
-    timeline.mark(marks, "checked")
     try:
-        results = train(config, gpus, args.heartbeat_timeout, marks, interrupts)
-    except ConfigError as e:                    # the MPS daemon did not start
+        with workers(config, gpus, args.heartbeat_timeout) as kids:
+            timeline.mark(marks, "forked")
+            check_inputs(config)
+            where = f"{config['workers']} CPU workers"
+            if gpus:
+                where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "")
+            print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
+                  f"mode {config['mode']}")
+            timeline.mark(marks, "checked")
+            results = train(config, gpus, args.heartbeat_timeout, marks, interrupts, started=kids)
+    except ConfigError as e:                    # a bad input, or the MPS daemon did not start
         print(f"Train.py: error: {e}", file=sys.stderr)
         return 2
-    except (ChildError, ChildFailed) as e:
+    except (ChildError, ChildFailed, GaveUp) as e:
         print(f"Train.py: training failed: {e}", file=sys.stderr)
         return 1
     signum = results[0]["interrupted"]

@@ -21,6 +21,7 @@ number) for the running function to act on; the parent decides when the run ends
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import os
 import signal
@@ -57,6 +58,7 @@ class Context:
         self._tags: dict[str, int] = {}
         self._stopping = False
         self._running = False
+        self._preloading = False
         self._last_heartbeat = 0.0
         self._parent_pid = int(os.environ.get("HARNESS_PARENT_PID", os.getppid()))
         self.marks = timeline.start("imported")    # the start-up timeline: interpreter and imports done
@@ -157,6 +159,8 @@ class Context:
                 self._aborts.setdefault(ident, payload)
         elif kind == "stop":
             self._stopping = True
+            if self._preloading:
+                os._exit(0)     # nothing has run yet: no need to wait for an import to finish
             if self._running and self._aborted is None:
                 self._abort("the parent stopped the run")
         elif kind == "undecodable":
@@ -180,9 +184,16 @@ class Context:
 
     # -- the serve loop ------------------------------------------------------------------------
 
-    def serve(self) -> None:
+    def serve(self, preload: Sequence[str] = ()) -> None:
         self._link.send(("hello", None, os.getpid()))
         self._link.start()
+        self._preloading = True
+        for module in preload:      # while the parent still prepares the first exec
+            try:
+                importlib.import_module(module)
+            except Exception:       # the exec that needs it will raise the error itself, to the parent
+                pass
+        self._preloading = False
         while True:
             work = self._link.wait_for(lambda: "stop" if self._stopping else (
                 self._inbox["exec"].popleft() if self._inbox["exec"] else None))
@@ -250,7 +261,7 @@ def main() -> None:
     ctx = Context(int(env["HARNESS_RANK"]), int(env["HARNESS_WORLD_SIZE"]), env.get("HARNESS_GPU") or None,
                   lambda c: _connect(c, endpoint, key))
     try:
-        ctx.serve()
+        ctx.serve([m for m in env.pop("HARNESS_PRELOAD", "").split(",") if m])
     finally:
         ctx._link.close(linger_ms=10_000)
 

@@ -24,6 +24,18 @@ def build_optimizer(
     nesterov: bool = False,
 ) -> torch.optim.Optimizer:
     """Build `name`; options it would ignore are refused, so a run never silently lacks a requested setting."""
+    check_options(name, lr, momentum, weight_decay, nesterov)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    if name == "ccnesterov":
+        return CCNesterov(params, lr=lr, weight_decay=weight_decay)
+    return _TORCH_OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay)
+
+
+def check_options(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                  nesterov: bool = False) -> None:
+    """What build_optimizer refuses, without building one: the first optimizer a process builds
+    imports torch._dynamo (about 1.8 s), which a parent that only checks the flags need not pay."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; valid names: {', '.join(OPTIMIZERS)}")
     if lr <= 0:
@@ -32,13 +44,10 @@ def build_optimizer(
         raise ValueError(
             f"momentum={momentum}, nesterov={nesterov} apply only to sgd, not '{name}'; drop them or use sgd"
         )
+    if momentum < 0 or weight_decay < 0:
+        raise ValueError(f"momentum={momentum}, weight_decay={weight_decay}: neither may be negative")
     if nesterov and momentum <= 0:
         raise ValueError(f"nesterov needs momentum > 0, got momentum={momentum}; set momentum (e.g. 0.9)")
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
-    if name == "ccnesterov":
-        return CCNesterov(params, lr=lr, weight_decay=weight_decay)
-    return _TORCH_OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay)
 
 
 def _next_lambda(lam: float) -> float:

@@ -393,8 +393,11 @@ class Parent:
         self._groups: list[Children] = []
         self._count = itertools.count()
 
-    def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None) -> Children:
-        """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices."""
+    def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None,
+             preload: Sequence[str] = ()) -> Children:
+        """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices.
+        ``preload``: modules each child imports while it waits for its first exec (torch, say), so
+        that a fork made before the parent's own slow work overlaps it."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n={n!r}): n must be a positive integer")
         assigned = placement.assign(n, placement.resolve_gpus(gpus))
@@ -404,7 +407,8 @@ class Parent:
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(endpoint)
         threads = max(1, (os.cpu_count() or 1) // n)
-        environments = [self._environment(rank, n, gpu, endpoint, threads, env) for rank, gpu in enumerate(assigned)]
+        extra = {**(env or {}), "HARNESS_PRELOAD": ",".join(preload)}
+        environments = [self._environment(rank, n, gpu, endpoint, threads, extra) for rank, gpu in enumerate(assigned)]
         group = Children(n, self._key, endpoint, socket, environments, self.heartbeat_timeout)
         self._groups.append(group)
         return group

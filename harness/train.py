@@ -23,12 +23,13 @@ from typing import Any, Iterable
 import torch
 
 from . import timeline
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import load_checkpoint, rng_state, set_rng_state
 from .flat import FlatParameters
 from .interrupt import StopVote
 from .metrics import worker_memory_mb
 from .optim import build_optimizer
 from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
+from .saver import BackgroundSaver
 from .step import make_step
 from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
@@ -43,12 +44,18 @@ def load_data(config: dict) -> Any:
                      val_fraction=config["val_fraction"], **config["dataset_options"])
 
 
-def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def make_model(config: dict, info: Any, device: torch.device) -> torch.nn.Module:
+    """The run's model, initialised from its seed (every rank builds the same one)."""
     from harness.checkout.models import build_model
     torch.manual_seed(config["seed"])
     model = build_model(config["model"], info, **config["model_options"]).to(device)
     if device.type == "cuda" and info.kind == "image":
         model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = make_model(config, info, device)
     optimizer = build_optimizer(config["optimizer"], model.parameters(), lr=config["lr"],
                                 momentum=config["momentum"], weight_decay=config["weight_decay"],
                                 nesterov=config["nesterov"])
@@ -158,19 +165,23 @@ def train_worker(ctx: Any, config: dict) -> dict:
             ctx.send({"event": "validation", "epoch": epoch, "step": step, "val_error": error})
         return error
 
+    saver = BackgroundSaver()
+    ctx.own(saver)
+
     def save() -> None:
-        """Every rank takes part (the replicas are made consistent, each rank's generators gathered)."""
+        """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
+        rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
         nonlocal saved_at
         if not config["save"] or saved_at == step:
             return
         sync.finish()
         generators = ctx.exchange(ctx.unique_tag("rng"), rng_state(device))
         if lead:
-            save_checkpoint(config["save"], {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                             "epoch": epoch, "step": step, "position": position,
-                                             "rng": generators, "early_stop": (best_error, stale),
-                                             "config": config})
-            ctx.send({"event": "saved", "epoch": epoch, "step": step, "path": config["save"]})
+            saved = {"event": "saved", "epoch": epoch, "step": step, "path": config["save"]}
+            saver.save(config["save"], {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                        "epoch": epoch, "step": step, "position": position,
+                                        "rng": generators, "early_stop": (best_error, stale), "config": config},
+                       done=lambda: ctx.send(saved))
         saved_at = step
 
     def save_due() -> bool:
@@ -230,6 +241,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
                 or save_due():
             save()
     sync.finish()
+    saver.wait()
     if lead:
         ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop, "signal": interrupted or None})
     return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch, "memory_mb": worker_memory_mb(),

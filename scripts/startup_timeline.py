@@ -37,7 +37,7 @@ def table(record: dict) -> str:
             continue
         cells = []
         for marks in processes.values():
-            names = [p for p in PHASES if marks.get(p) is not None]
+            names = sorted((p for p in PHASES if marks.get(p) is not None), key=marks.get)
             if marks.get(phase) is None:
                 cells.append(f"{'':>16}")
                 continue

@@ -23,12 +23,16 @@ SLOW_MODEL = textwrap.dedent("""
     import torch
 
     class Slow(torch.nn.Linear):
+        def __init__(self, inputs, outputs, delay):
+            super().__init__(inputs, outputs)
+            self.delay = delay
+
         def forward(self, x):
-            time.sleep(0.25)
+            time.sleep(self.delay)
             return super().forward(x.flatten(1))
 
-    def model(info):
-        return Slow(64, info.num_classes)
+    def model(info, delay=0.25):
+        return Slow(64, info.num_classes, delay)
 """)
 
 
@@ -41,13 +45,20 @@ def start_train(tmp_path, *flags):
     process = subprocess.Popen([sys.executable, str(ROOT / "Train.py"), "--save", str(tmp_path / "model.pt"),
                                 "--log-dir", str(tmp_path / "logs"), *flags], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "step" for r in records))
+    return process
+
+
+def wait_for_record(process, tmp_path, found) -> list[dict]:
+    """The run's records (metrics.jsonl) once ``found(records)`` is true; fails after 120 s."""
     log, deadline = tmp_path / "logs" / "metrics.jsonl", time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
-        if log.exists() and any(json.loads(line)["event"] == "step" for line in log.read_text().splitlines()):
-            return process
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        if found(records):
+            return records
         time.sleep(0.05)
     process.kill()
-    pytest.fail(f"Train.py reported no update in time:\n{process.communicate()[1]}")
+    pytest.fail(f"Train.py did not report what the test waits for:\n{process.communicate()[1]}")
 
 
 def left_in_tmp(tmp_path) -> list[str]:

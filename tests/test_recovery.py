@@ -1,0 +1,96 @@
+"""A worker that dies or hangs restarts the group from the last checkpoint (--max-restarts), and
+the run ends where an uninterrupted one does; checkpoints are written in the background."""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from conftest import descendants, kill_quietly
+from harness.checkpoint import load_checkpoint
+from harness.metrics import read_metrics
+from harness.saver import BackgroundSaver
+from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
+from test_train import flat_params, run_train
+
+FLAGS = ["--model", "slow_model:model", "--model-options", '{"delay": 0.05}', "--batch-size", "8",
+         "--max-steps", "60", "--save-every-steps", "5", "--heartbeat-timeout", "3"]
+
+
+def workers_of(process) -> list[int]:
+    """The training workers (python -m harness.child), not their loader processes."""
+    found = []
+    for pid in descendants(process.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"harness.child" in f.read():
+                    found.append(pid)
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def after_restarts(restarts: int, event: str):
+    """A wait condition: ``event`` reported after exactly ``restarts`` restarts."""
+    def found(records):
+        events = [r["event"] for r in records]
+        last = max((i for i, e in enumerate(events) if e == "restart"), default=-1)
+        return events.count("restart") == restarts and event in events[last + 1:]
+    return found
+
+
+def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path,
+                                                                                                  monkeypatch):
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))           # for the straight run below, in this process
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
+    wait_for_record(process, tmp_path, after_restarts(0, "saved"))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    wait_for_record(process, tmp_path, after_restarts(1, "saved"))
+    hung = workers_of(process)[0]
+    os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 3 s: killed, then restarted
+    status, err, left = finish(process, tmp_path)
+    kill_quietly(hung, signal.SIGCONT)
+
+    assert status == 0, err
+    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    restarts = [r for r in records if r["event"] == "restart"]
+    assert [(r["restart"], r["rank"]) for r in restarts] == [(1, 1), (2, 0)]
+    assert restarts[0]["cause"] == "was killed by signal SIGKILL"
+    assert restarts[1]["cause"].startswith("stopped responding")
+    assert all(r["resume"] == str(tmp_path / "model.pt") for r in restarts)
+    assert left == [] and left_in_tmp(tmp_path) == []
+
+    _, straight = run_train(tmp_path, *FLAGS, name="straight")
+    assert load_checkpoint(tmp_path / "model.pt")["step"] == 60
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+
+
+def test_restarts_exhausted_end_the_run_with_one_clear_error(tmp_path):
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "1")
+    os.kill(workers_of(process)[0], signal.SIGKILL)
+    wait_for_record(process, tmp_path, after_restarts(1, "step"))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left = finish(process, tmp_path)
+
+    assert status == 1, err
+    assert "Train.py: training failed: child 1 was killed by signal SIGKILL" in err
+    assert "gave up after 1 restart: raise --max-restarts to allow more" in err
+    assert left == []
+
+
+def test_background_saves_snapshot_the_state_and_never_overlap(tmp_path):
+    saver, done = BackgroundSaver(), []
+    weights = torch.zeros(1000)
+    for step in range(5):
+        weights += 1                 # the training goes on at once: the snapshot must not see this change
+        saver.save(tmp_path / "c.pt", {"model": {"w": weights}, "optimizer": {}, "epoch": 0, "step": step,
+                                       "config": {}}, done=lambda step=step: done.append(step))
+        weights += 100
+    saver.wait()
+    assert done == [0, 1, 2, 3, 4]
+    saved = load_checkpoint(tmp_path / "c.pt")
+    assert saved["step"] == 4 and torch.equal(saved["model"]["w"], torch.full((1000,), 405.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]      # no temporary file left
