@@ -258,8 +258,7 @@ class Progress:
             self.saved = record["path"]
         elif event == "restart":
             tqdm.write(f"rank {record['rank']} ({record['cause']}): restarting every worker from "
-                       + (f"{record['resume']}" if record["resume"] else "the start")
-                       + f" (restart {record['restart']} of {record['max_restarts']})")
+                       f"{record['resume'] or 'the start'} (restart {record['restart']} of {record['max_restarts']})")
         elif event == "done" and record["stop"] and not record.get("signal"):    # main() says where it stopped
             tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
 

@@ -11,13 +11,19 @@ if str(ROOT) not in sys.path:          # models/ and datasets/ are used from the
     sys.path.insert(0, str(ROOT))
 
 
-def alive(pid: int) -> bool:
-    """True while a process with this pid exists and is not a zombie."""
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...); [] once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+            return f.read().split(") ")[-1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def alive(pid: int) -> bool:
+    """True while a process with this pid exists and is not a zombie."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def wait_gone(pids, timeout: float) -> list[int]:
@@ -33,14 +39,8 @@ def wait_gone(pids, timeout: float) -> list[int]:
 
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (children, their loader processes, ...), from /proc."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().split(") ")[-1].split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                pass
+    parents = {int(entry): int(fields[1]) for entry in os.listdir("/proc")
+               if entry.isdigit() and (fields := _stat(entry))}
     found, frontier = [], [pid]
     while frontier:
         below = [p for p, parent in parents.items() if parent in frontier]
