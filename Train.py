@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Iterator
 
 from harness import ChildError, ChildFailed, Children, Parent, timeline
-from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
 from harness.interrupt import Interrupted, Interrupts
 from harness.recovery import GaveUp, with_restarts
-from harness.metrics import MetricsLog, plot_metrics, read_metrics
+from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.optim import OPTIMIZERS, check_options
 from harness.placement import resolve_gpus, visible_gpus
 
@@ -106,6 +105,24 @@ def make_config(args: argparse.Namespace) -> tuple[dict, list[int]]:
     return config, gpus
 
 
+def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
+    """The flags that say where the workers run, checked without importing torch (so that Train.py
+    can start its workers first); returns (GPUs, number of workers)."""
+    for name in ("cpu_workers", "workers_per_gpu"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.heartbeat_timeout <= 0:
+        raise ConfigError(f"--heartbeat-timeout must be a positive number of seconds, got {args.heartbeat_timeout}")
+    try:
+        gpus = resolve_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not gpus and (args.workers_per_gpu > 1 or args.mps):
+        flag = "--mps" if args.mps else f"--workers-per-gpu {args.workers_per_gpu}"
+        raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
+    return gpus, len(gpus) * args.workers_per_gpu or args.cpu_workers
+
+
 def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
     """The flags' own checks (fast: no data is read); returns (config, gpus)."""
     from harness.checkout.datasets import dataset_names, is_known
@@ -127,7 +144,8 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
     if args.model not in MODELS and ":" not in args.model:
         raise ConfigError(f"unknown model '{args.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
-    for name in ("batch_size", "epochs", "avg_every", "cpu_workers", "workers_per_gpu"):
+    gpus, workers = launch_plan(args)
+    for name in ("batch_size", "epochs", "avg_every"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
@@ -136,24 +154,14 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
                  "max_restarts"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
-    if args.heartbeat_timeout <= 0:
-        raise ConfigError(f"--heartbeat-timeout must be a positive number of seconds, got {args.heartbeat_timeout}")
     if args.bucket_mb <= 0:
         raise ConfigError(f"--bucket-mb must be positive, got {args.bucket_mb}")
     if args.lr <= 0:
         raise ConfigError(f"--lr must be positive, got {args.lr}")
     if not 0 <= args.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    try:
-        gpus = resolve_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if not gpus and (args.workers_per_gpu > 1 or args.mps):
-        flag = "--mps" if args.mps else f"--workers-per-gpu {args.workers_per_gpu}"
-        raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
     if args.data_workers is not None and args.data_workers < 0:
         raise ConfigError(f"--data-workers must not be negative, got {args.data_workers}")
-    workers = len(gpus) * args.workers_per_gpu or args.cpu_workers
     momentum = args.momentum if args.momentum is not None else (0.9 if args.optimizer == "sgd" else 0.0)
     try:
         check_options(args.optimizer, args.lr, momentum, args.weight_decay, args.nesterov)
@@ -181,6 +189,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
 def check_inputs(config: dict) -> None:
     """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
     device); sets ``config["samples"]``. Train.py runs them while its workers start."""
+    from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
     config["samples"] = _check_data_and_model(config)
     if config["save"]:
         try:
@@ -268,17 +277,17 @@ class Progress:
 
 
 @contextlib.contextmanager
-def mps_for(config: dict) -> Iterator[dict[str, str]]:
+def mps_for(mps: bool, log_dir: str) -> Iterator[dict[str, str]]:
     """With --mps, a private MPS daemon for the run; yields the environment that points workers at it."""
     from harness.mps import active_mps_env, start_mps
-    if not config["mps"]:
+    if not mps:
         found = active_mps_env()
         if found:
             print(f"using the MPS daemon your environment points at ({found['CUDA_MPS_PIPE_DIRECTORY']})")
         yield {}
         return
     try:
-        daemon = start_mps(Path(config["log_dir"]) / "mps")
+        daemon = start_mps(Path(log_dir) / "mps")
     except (RuntimeError, ValueError) as e:
         raise ConfigError(f"--mps: {e}") from None
     with daemon:
@@ -291,12 +300,13 @@ WORKER_IMPORTS = ("harness.train", "harness.checkout.datasets", "harness.checkou
 
 
 @contextlib.contextmanager
-def workers(config: dict, gpus: list[int], heartbeat_timeout: float) -> Iterator[Children]:
+def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_timeout: float) -> Iterator[Children]:
     """A group of training workers, stopped on exit. They import what training needs as soon as they
-    start, so a group started before the parent's checks does that work alongside them. With --mps the
-    private daemon starts first and outlives the workers: MPS only quits once its clients are gone."""
-    with mps_for(config) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
-        yield parent.fork(config["workers"], gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS)
+    start, so a group started before the parent's own imports and checks does that work alongside
+    them. With --mps the private daemon starts first and outlives the workers: MPS only quits once
+    its clients are gone."""
+    with mps_for(mps, log_dir) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
+        yield parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS)
 
 
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None,
@@ -316,7 +326,8 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
         if started is not None:             # only the first attempt: a failed group is stopped for good
             kids, started = started, None
             return run_group(attempt_config, kids, marks, interrupts, progress)
-        with workers(attempt_config, gpus, heartbeat_timeout) as kids:
+        with workers(attempt_config["workers"], gpus, attempt_config["mps"], attempt_config["log_dir"],
+                     heartbeat_timeout) as kids:
             marks.setdefault("forked", time.time())
             return run_group(attempt_config, kids, marks, interrupts, progress)
 
@@ -364,15 +375,13 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
     """Check, train, and say how it ended; returns the exit status (128 + the signal's number when
     SIGINT or SIGTERM stopped the run at an update, with a checkpoint that --resume continues).
-    The workers start as soon as the flags are read, and the checks that read files run meanwhile."""
+    The workers start as soon as it is known where they run; the parent imports torch and checks the
+    other flags and the files meanwhile."""
     try:
-        config, gpus = read_flags(args)
-    except ConfigError as e:
-        print(f"Train.py: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        with workers(config, gpus, args.heartbeat_timeout) as kids:
+        gpus, count = launch_plan(args)
+        with workers(count, gpus, args.mps, args.log_dir, args.heartbeat_timeout) as kids:
             timeline.mark(marks, "forked")
+            config, _ = read_flags(args)
             check_inputs(config)
             where = f"{config['workers']} CPU workers"
             if gpus:
@@ -380,6 +389,7 @@ def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
             print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
                   f"mode {config['mode']}")
             timeline.mark(marks, "checked")
+            import_plotting_meanwhile()
             results = train(config, gpus, args.heartbeat_timeout, marks, interrupts, started=kids)
     except ConfigError as e:                    # a bad input, or the MPS daemon did not start
         print(f"Train.py: error: {e}", file=sys.stderr)

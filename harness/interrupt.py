@@ -11,14 +11,18 @@ process group, ``kill`` or a scheduler's preemption notice often only to the par
   the others waiting in a collective, so every ``EVERY`` updates each rank all-reduces (max) its
   flag, and reads the vote cast ``EVERY`` updates earlier. Every rank reads the same vote at the
   same step, and by then it has long been computed: on a GPU reading it waits for nothing.
+
+Only StopVote needs torch, and imports it itself: the parent of Train.py must not wait for torch
+before it starts its workers.
 """
 from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -74,6 +78,7 @@ class StopVote:
     EVERY = 4
 
     def __init__(self, ctx: Any, comm: Any, device: torch.device):
+        import torch
         self._ctx, self._comm = ctx, comm
         self._flag = torch.zeros(1, dtype=torch.int32, device=device)
         cuda = device.type == "cuda"

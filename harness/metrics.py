@@ -1,8 +1,12 @@
 """Training metrics as a JSON-lines log, and a plot of it."""
 
+import importlib
 import json
 import os
 import pathlib
+import threading
+
+PLOT_MODULES = ("matplotlib.backends.backend_agg", "matplotlib.figure", "matplotlib.ticker")
 
 
 class MetricsLog:
@@ -46,6 +50,16 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def import_plotting_meanwhile() -> threading.Thread:
+    """Start importing what plot_metrics needs (most of its second) in a thread, for a parent that
+    would otherwise only wait for its workers. Not a daemon: an exit waits for the import to end
+    rather than tearing the interpreter down under it."""
+    thread = threading.Thread(target=lambda: [importlib.import_module(m) for m in PLOT_MODULES],
+                              name="import-matplotlib")
+    thread.start()
+    return thread
+
+
 def plot_metrics(records: list[dict], png_path: str | os.PathLike) -> pathlib.Path | None:
     """Plot training loss and validation error per epoch in two panels; None if there are no epoch records.
 
@@ -56,7 +70,7 @@ def plot_metrics(records: list[dict], png_path: str | os.PathLike) -> pathlib.Pa
     if not by_epoch:
         return None
     # Figure + Agg canvas rather than pyplot: no global backend switch, no figure left open.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg     # PLOT_MODULES
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 

@@ -1,10 +1,14 @@
 import gzip
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from harness.checkout.datasets import digits
 from harness.checkout.datasets import DATASETS, DataInfo, Split, dataset_names, decode_oddeven, load_dataset
 from harness.checkout.datasets.sharding import shard_indices
 
@@ -33,6 +37,23 @@ def test_digits_fixed_split_scaled_images():
     assert 0.0 <= train.x.min() and train.x.max() <= 1.0
     assert train.info == DataInfo("image", (1, 8, 8), 10, tuple("0123456789"))
     assert torch.bincount(test.y).min() >= 35  # stratified: every digit is in the test set
+
+
+def test_digits_are_cached_and_the_cache_loads_without_sklearn(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = load_dataset("digits")                      # no cache yet: sklearn builds it
+    assert digits.cache_path().parent == tmp_path / "harness" and digits.cache_path().is_file()
+    check = ("import sys, torch; from harness.checkout.datasets import load_dataset; "
+             "train, test = load_dataset('digits'); torch.save((train.x, test.y), sys.argv[1]); "
+             "print(sorted(m for m in sys.modules if m.startswith('sklearn')))")
+    out = subprocess.run([sys.executable, "-c", check, str(tmp_path / "read.pt")], capture_output=True, text=True,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, check=True).stdout
+    assert out.strip() == "[]"
+    x, y = torch.load(tmp_path / "read.pt")
+    assert torch.equal(x, built[0].x) and torch.equal(y, built[1].y)
+    digits.cache_path().write_bytes(b"torn")            # a broken cache is rebuilt, not an error
+    assert torch.equal(load_dataset("digits")[1].x, built[1].x)
+    assert torch.load(digits.cache_path())[0].shape == (1797, 1, 8, 8)
 
 
 def test_oddeven_bits_labels_and_split():

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from harness.optim import OPTIMIZERS, CCNesterov, build_optimizer
+from harness.ccnesterov import CCNesterov
+from harness.optim import OPTIMIZERS, build_optimizer
 
 LR, CURVATURE = 0.1, 2.0  # f(x) = CURVATURE / 2 * |x|^2, so grad = CURVATURE * x
 
