@@ -81,15 +81,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       help="also save every N updates, mid-epoch too (default 0: off); --resume continues exactly from there")
     a("--resume", default=None,
       help="checkpoint to continue from, exactly where it stopped, mid-epoch too (param mode: exact when it "
-           "stopped at a multiple of --avg-every; --cuda-graph repeats its warm-up updates)")
+           "stopped at a multiple of --avg-every)")
     a("--seed", type=int, default=0)
     a("--amp", choices=("bf16",), default=None, help="bf16 autocast")
     a("--tf32", action=argparse.BooleanOptionalAction, default=True,
       help="GPU: fp32 matmuls and convolutions on TF32 tensor cores (default on; --no-tf32 for full fp32, "
            "e.g. to compare runs to 1e-5)")
-    a("--cuda-graph", action="store_true",
+    a("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
       help="GPU: capture the whole step (forward, backward, all-reduce, optimizer) in a CUDA graph and replay "
-           "it; its 3 warm-up updates use the first batch. Falls back to eager, with a message, if capture fails")
+           "it, one launch instead of hundreds (default: wherever the step can be captured; otherwise eager, "
+           "with a message saying why). Its 3 warm-up updates on the first batch are undone, so it trains "
+           "exactly as eager; --no-cuda-graph runs eagerly")
     a("--log-dir", default="runs", help="metrics.jsonl and metrics.png go here (default runs/)")
     a("--heartbeat-timeout", type=float, default=30.0, help="seconds of silence before a worker counts as hung")
     a("--max-restarts", type=int, default=0,

@@ -7,7 +7,13 @@ CPU time spent launching its kernels). Capture needs static shapes and addresses
 copied into fixed input tensors before each replay. The gradient all-reduce is captured too: NCCL
 kernels go on the capturing stream, and the bucket side stream forks from and joins back into it.
 Warm-up runs on a side stream, as graph capture requires, and also creates the optimizer's state
-(momentum buffers) before capture so that their addresses are fixed.
+(momentum buffers) before capture so that their addresses are fixed. Then it is undone
+(``Rewind``), so a graphed run trains exactly as an eager one: same updates, same checkpoints.
+
+``make_step`` decides: ``cuda_graph=None`` (Train.py's default) graphs wherever it can (GPU workers,
+an optimizer without host-side state, a communicator without host signalling, a model that
+captures) and otherwise runs eagerly, saying why once; ``True`` is the same, asked for by name;
+``False`` never graphs.
 """
 from __future__ import annotations
 
@@ -39,17 +45,51 @@ class TrainStep:
         return loss.detach()
 
 
+class Rewind:
+    """What warm-up updates change, put back afterwards: parameters and buffers, the optimizer's
+    state, and the random generators. State the optimizer created during warm-up (its first step's
+    momentum or Adam moments) is zeroed in place, not dropped: the graph holds its address, and zero
+    is what the step after it computes from (fresh Adam moments are zeros; SGD's momentum without
+    dampening becomes the gradient either way)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.weights = {k: v.clone() for k, v in model.state_dict().items()}
+        self.state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+                      for p, state in optimizer.state.items()}
+        self.rng = torch.get_rng_state(), torch.cuda.get_rng_state()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for k, v in self.model.state_dict().items():
+            v.copy_(self.weights[k])
+        for p, state in self.optimizer.state.items():
+            before = self.state.get(p, {})
+            for k, v in list(state.items()):
+                if torch.is_tensor(v):
+                    v.copy_(before[k]) if k in before else v.zero_()
+                elif k in before:
+                    state[k] = before[k]
+                else:
+                    del state[k]
+        torch.set_rng_state(self.rng[0])
+        torch.cuda.set_rng_state(self.rng[1])
+
+
 class GraphedTrainStep(TrainStep):
     def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor]):
-        """Warm up (real updates, with real collectives, on every rank alike); ``capture`` next."""
+        """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
         super().__init__(*args)
         self.x, self.y = (t.clone() for t in example)
+        rewind = Rewind(self.model, self.optimizer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
                 super().__call__(self.x, self.y)
         torch.cuda.current_stream().wait_stream(side)
+        rewind.restore()
+        torch.cuda.empty_cache()        # warm-up's activations: the graph allocates its own
         self.graph = torch.cuda.CUDAGraph()
 
     def capture(self) -> None:
@@ -65,23 +105,25 @@ class GraphedTrainStep(TrainStep):
         return self.loss
 
 
-def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool = False,
+def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool | None = None,
               example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print) -> TrainStep:
-    """A graphed step when asked and possible; otherwise, with a message saying why, an eager one.
-    The warm-up steps of a graphed step train too (WARMUP_STEPS updates on ``example``)."""
+    """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
+    otherwise an eager one, with a message saying why (asked for by name, even on the CPU)."""
     args = (model, optimizer, flat, sync, loss_fn, autocast)
-    if not cuda_graph:
+    if cuda_graph is False:
         return TrainStep(*args)
     if example is None or example[0].device.type != "cuda":
-        say("--cuda-graph needs GPU workers; running eagerly")
+        if cuda_graph:
+            say("--cuda-graph needs GPU workers; running eagerly")
         return TrainStep(*args)
     if not getattr(optimizer, "graph_safe", True):
-        say(f"--cuda-graph: {type(optimizer).__name__} keeps host-side state a graph would freeze; running eagerly")
+        say(f"CUDA graph: {type(optimizer).__name__} keeps host-side state a graph would freeze; running eagerly")
         return TrainStep(*args)
     if not getattr(sync.comm, "graph_safe", True):
-        say("--cuda-graph: workers sharing a GPU signal each other from the host, which a graph cannot "
+        say("CUDA graph: workers sharing a GPU signal each other from the host, which a graph cannot "
             "replay; running eagerly")
         return TrainStep(*args)
+    make_capturable(optimizer)
     step = GraphedTrainStep(*args, example=example)
     problem = None
     try:
@@ -93,6 +135,18 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
     if captured.item():
         return step
     sync.reset()
-    say(f"--cuda-graph: this model could not be captured on every rank ({problem or 'failed on another rank'}); "
-        "running eagerly")
+    say(f"CUDA graph: this model could not be captured on every rank ({problem or 'failed on another rank'}); "
+        "running eagerly (--no-cuda-graph skips the attempt)")
     return TrainStep(*args)
+
+
+def make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """Adam-like optimizers keep their step count on the host unless ``capturable``: move it to the
+    parameters' device, as a graph needs (the update's arithmetic is the same)."""
+    for group in optimizer.param_groups:
+        if group.get("capturable") is False:
+            group["capturable"] = True
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(p.device)

@@ -63,8 +63,8 @@ def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Modul
 
 
 def autocast(config: dict, device: torch.device):
-    if config["amp"] == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if config["amp"] == "bf16":     # no cache of cast weights: a CUDA graph would replay stale ones
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
     return contextlib.nullcontext()
 
 
@@ -188,7 +188,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
         return bool(config["save_every_steps"]) and step % config["save_every_steps"] == 0
 
     example = None
-    if config["cuda_graph"] and device.type == "cuda":    # the graph's static inputs start as the first batch
+    if config["cuda_graph"] is not False and device.type == "cuda":    # the graph's static inputs: the first batch
         example = next(stream)
         stream = itertools.chain([example], stream)
     train_step = make_step(model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),

@@ -1,13 +1,16 @@
-"""Train.py on GPU workers (NCCL): replicas identical in grad mode, averaged in param mode."""
+"""Train.py on GPU workers (NCCL): replicas identical in grad mode, averaged in param mode; the
+default CUDA graph trains exactly as eager steps do."""
 import pytest
+import torch
 
 import Train
 from conftest import has_gpus
+from test_train import flat_params, run_train
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("flags", [["--mode", "grad"], ["--mode", "param"], ["--mode", "grad", "--cuda-graph"],
+@pytest.mark.parametrize("flags", [["--mode", "grad"], ["--mode", "param"], ["--mode", "grad", "--no-cuda-graph"],
                                    ["--mode", "grad", "--grad-sync", "flat", "--amp", "bf16"]])
 def test_training_on_two_gpus_keeps_replicas_in_step(tmp_path, capfd, flags):
     if not has_gpus(2):
@@ -17,4 +20,16 @@ def test_training_on_two_gpus_keeps_replicas_in_step(tmp_path, capfd, flags):
     results = Train.train(*Train.make_config(args))
     assert len({r["checksum"] for r in results}) == 1
     assert results[0]["step"] == 3 * (1293 // 2 // 32)
-    assert "running eagerly" not in capfd.readouterr().out      # --cuda-graph really captured
+    assert "running eagerly" not in capfd.readouterr().out      # the default graph really captured
+
+
+@pytest.mark.parametrize("flags", [["--optimizer", "sgd"], ["--optimizer", "adamw", "--amp", "bf16"]])
+def test_the_default_cuda_graph_trains_exactly_as_eager_steps(tmp_path, capfd, flags):
+    if not has_gpus(2):
+        pytest.skip("needs 2 CUDA GPUs")
+    common = ["--gpus", "0,1", "--max-steps", "50", "--no-tf32", "--lr", "0.01", *flags]
+    run_train(tmp_path, *common, "--no-cuda-graph", name="eager")
+    run_train(tmp_path, *common, name="graph")
+    assert "running eagerly" not in capfd.readouterr().out
+    eager, graphed = flat_params(tmp_path / "eager.pt"), flat_params(tmp_path / "graph.pt")
+    assert torch.allclose(eager, graphed, rtol=0, atol=1e-6), (eager - graphed).abs().max()
