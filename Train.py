@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import signal
 import sys
@@ -22,6 +23,7 @@ from harness.interrupt import Interrupted, Interrupts
 from harness.recovery import GaveUp, with_restarts
 from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.optim import OPTIMIZERS, check_options
+from harness.schedule import SCHEDULES, is_constant
 from harness.placement import resolve_gpus, visible_gpus
 
 DEFAULT_SAVE = "checkpoints/model.pt"
@@ -92,6 +94,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "it, one launch instead of hundreds (default: wherever the step can be captured; otherwise eager, "
            "with a message saying why). Its 3 warm-up updates on the first batch are undone, so it trains "
            "exactly as eager; --no-cuda-graph runs eagerly")
+    a("--lr-schedule", choices=SCHEDULES, default="constant",
+      help="learning rate over the run: constant (default), or decaying to --min-lr after the warm-up: "
+           "cosine (nanoGPT's), linear, step (a tenth after each third). Not with --cuda-graph (it would "
+           "freeze the rate): a schedule or warm-up runs eagerly")
+    a("--warmup-steps", type=int, default=0, help="updates over which the learning rate rises linearly to --lr")
+    a("--min-lr", type=float, default=0.0, help="where the schedule ends (default 0)")
+    a("--clip-grad", type=float, default=None, metavar="NORM",
+      help="clip the averaged gradients to this global norm before each update (the norm before clipping "
+           "goes into the log as grad_norm)")
+    a("--tensorboard", action="store_true",
+      help="also write the log's records as TensorBoard scalars (event files in --log-dir; needs the "
+           "tensorboard package: pip install -e '.[tensorboard]')")
     a("--log-dir", default="runs", help="metrics.jsonl and metrics.png go here (default runs/)")
     a("--heartbeat-timeout", type=float, default=30.0, help="seconds of silence before a worker counts as hung")
     a("--max-restarts", type=int, default=0,
@@ -160,6 +174,16 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         raise ConfigError(f"--bucket-mb must be positive, got {args.bucket_mb}")
     if args.lr <= 0:
         raise ConfigError(f"--lr must be positive, got {args.lr}")
+    if args.warmup_steps < 0 or not 0 <= args.min_lr <= args.lr:
+        raise ConfigError(f"--warmup-steps {args.warmup_steps} must not be negative and --min-lr {args.min_lr} must be "
+                          f"between 0 and --lr {args.lr}")
+    if args.clip_grad is not None and args.clip_grad <= 0:
+        raise ConfigError(f"--clip-grad must be a positive norm, got {args.clip_grad}")
+    if args.cuda_graph and not is_constant(args.lr_schedule, args.warmup_steps):
+        raise ConfigError("--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
+                          "every update; drop one of them")
+    if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
     if not 0 <= args.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.data_workers is not None and args.data_workers < 0:
@@ -182,6 +206,8 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "save": args.save or None, "save_every": args.save_every, "save_every_steps": args.save_every_steps,
         "resume": args.resume, "seed": args.seed, "max_restarts": args.max_restarts,
         "amp": args.amp, "tf32": args.tf32, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
+        "lr_schedule": args.lr_schedule, "warmup_steps": args.warmup_steps, "min_lr": args.min_lr,
+        "clip_grad": args.clip_grad, "tensorboard": args.tensorboard,
         "workers": workers, "mps": args.mps,
         "data_workers": args.data_workers if args.data_workers is not None else default_data_workers(workers),
     }
@@ -320,7 +346,7 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
     ``interrupts``: the handlers of SIGINT and SIGTERM, told about the workers once they exist."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
-    log = MetricsLog(config["log_dir"])
+    log = MetricsLog(config["log_dir"], tensorboard=config["tensorboard"])
     progress = Progress(config, steps_per_epoch, log)
 
     def attempt(attempt_config: dict) -> list[dict]:

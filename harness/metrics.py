@@ -6,6 +6,7 @@ import os
 import pathlib
 import threading
 
+SCALAR_SKIP = ("time", "step", "epoch")      # the x axis and bookkeeping, not curves
 PLOT_MODULES = ("matplotlib.backends.backend_agg", "matplotlib.figure", "matplotlib.ticker")
 
 
@@ -13,21 +14,33 @@ class MetricsLog:
     """Metrics as JSON lines in the log dir (one record per line, flushed each write so a crash loses
     nothing), and a PNG plot at the end like the old Lua optim.Logger plot.
 
-    The file is opened for appending, so a resumed run continues the same log.
+    The file is opened for appending, so a resumed run continues the same log. With ``tensorboard``
+    every record's numbers also go to TensorBoard event files in the same directory, as scalars
+    named ``event/field`` (``step/loss``, ``epoch/val_error``, ...) at the record's update.
     """
 
-    def __init__(self, log_dir: str | os.PathLike):
+    def __init__(self, log_dir: str | os.PathLike, tensorboard: bool = False):
         self.path = pathlib.Path(log_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        self._board = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._board = SummaryWriter(str(log_dir))
 
     def write(self, record: dict) -> None:
         """Append one record as a single line; tensors and numpy values are stored as numbers/lists."""
         self._file.write(json.dumps(record, default=_jsonable) + "\n")
         self._file.flush()
+        if self._board is not None and "step" in record:
+            for key, value in record.items():
+                if key not in SCALAR_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._board.add_scalar(f"{record['event']}/{key}", value, record["step"], record.get("time"))
 
     def close(self) -> None:
         self._file.close()
+        if self._board is not None:
+            self._board.close()
 
     def __enter__(self) -> "MetricsLog":
         return self
@@ -76,16 +89,21 @@ def plot_metrics(records: list[dict], png_path: str | os.PathLike) -> pathlib.Pa
 
     epochs = sorted(by_epoch)
     val_epochs = [epoch for epoch in epochs if by_epoch[epoch].get("val_error") is not None]
-    figure = Figure(figsize=(7, 6))
+    lr_epochs = [epoch for epoch in epochs if by_epoch[epoch].get("lr") is not None]
+    figure = Figure(figsize=(7, 8 if lr_epochs else 6))
     FigureCanvasAgg(figure)
-    loss_axes, error_axes = figure.subplots(2, 1, sharex=True)
+    panels = figure.subplots(3 if lr_epochs else 2, 1, sharex=True)
+    loss_axes, error_axes = panels[:2]
     loss_axes.plot(epochs, [by_epoch[epoch]["train_loss"] for epoch in epochs], marker="o")
     loss_axes.set_ylabel("training loss")
     error_axes.plot(val_epochs, [by_epoch[epoch]["val_error"] for epoch in val_epochs], marker="o", color="tab:red")
     error_axes.set_ylabel("validation error")
-    error_axes.set_xlabel("epoch")
-    error_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for axes in (loss_axes, error_axes):
+    if lr_epochs:
+        panels[2].plot(lr_epochs, [by_epoch[epoch]["lr"] for epoch in lr_epochs], marker="o", color="tab:green")
+        panels[2].set_ylabel("learning rate (epoch's end)")
+    panels[-1].set_xlabel("epoch")
+    panels[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axes in panels:
         axes.grid(True, alpha=0.3)
     figure.tight_layout()
 

@@ -17,6 +17,7 @@ captures) and otherwise runs eagerly, saying why once; ``True`` is the same, ask
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -30,9 +31,10 @@ WARMUP_STEPS = 3
 class TrainStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: FlatParameters,
                  sync: Synchroniser, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 autocast: Callable[[], Any]):
+                 autocast: Callable[[], Any], clip: float | None = None):
         self.model, self.optimizer, self.flat, self.sync = model, optimizer, flat, sync
-        self.loss_fn, self.autocast = loss_fn, autocast
+        self.loss_fn, self.autocast, self.clip = loss_fn, autocast, clip
+        self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One update; returns the (detached) loss tensor without synchronising the device."""
@@ -41,8 +43,21 @@ class TrainStep:
         self.flat.zero_grad()
         loss.backward()
         self.sync.after_backward()
+        if self.clip is not None:
+            self.grad_norm = clip_grad_norm(self.flat.grads, self.clip)
         self.optimizer.step()
         return loss.detach()
+
+
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` on the flat gradient buffers: a norm per buffer (a few,
+    not one per parameter) and no host synchronisation, so a CUDA graph captures it. Returns the
+    global norm before clipping."""
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.to(g.dtype))
+    return norm
 
 
 class Rewind:
@@ -77,9 +92,9 @@ class Rewind:
 
 
 class GraphedTrainStep(TrainStep):
-    def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor]):
+    def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor], clip: float | None = None):
         """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
-        super().__init__(*args)
+        super().__init__(*args, clip=clip)
         self.x, self.y = (t.clone() for t in example)
         rewind = Rewind(self.model, self.optimizer)
         side = torch.cuda.Stream()
@@ -106,25 +121,28 @@ class GraphedTrainStep(TrainStep):
 
 
 def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool | None = None,
-              example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print) -> TrainStep:
+              example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print,
+              clip: float | None = None) -> TrainStep:
     """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
-    otherwise an eager one, with a message saying why (asked for by name, even on the CPU)."""
+    otherwise an eager one, with a message saying why (asked for by name, even on the CPU).
+    ``clip``: clip the averaged gradients to this global norm before the optimizer's step."""
     args = (model, optimizer, flat, sync, loss_fn, autocast)
+    eager = functools.partial(TrainStep, *args, clip=clip)
     if cuda_graph is False:
-        return TrainStep(*args)
+        return eager()
     if example is None or example[0].device.type != "cuda":
         if cuda_graph:
             say("--cuda-graph needs GPU workers; running eagerly")
-        return TrainStep(*args)
+        return eager()
     if not getattr(optimizer, "graph_safe", True):
         say(f"CUDA graph: {type(optimizer).__name__} keeps host-side state a graph would freeze; running eagerly")
-        return TrainStep(*args)
+        return eager()
     if not getattr(sync.comm, "graph_safe", True):
         say("CUDA graph: workers sharing a GPU signal each other from the host, which a graph cannot "
             "replay; running eagerly")
-        return TrainStep(*args)
+        return eager()
     make_capturable(optimizer)
-    step = GraphedTrainStep(*args, example=example)
+    step = GraphedTrainStep(*args, example=example, clip=clip)
     problem = None
     try:
         step.capture()
@@ -137,7 +155,7 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
     sync.reset()
     say(f"CUDA graph: this model could not be captured on every rank ({problem or 'failed on another rank'}); "
         "running eagerly (--no-cuda-graph skips the attempt)")
-    return TrainStep(*args)
+    return eager()
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:

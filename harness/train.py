@@ -30,6 +30,7 @@ from .metrics import worker_memory_mb
 from .optim import build_optimizer
 from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
 from .saver import BackgroundSaver
+from .schedule import is_constant, learning_rate
 from .step import make_step
 from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
@@ -191,9 +192,14 @@ def train_worker(ctx: Any, config: dict) -> dict:
     if config["cuda_graph"] is not False and device.type == "cuda":    # the graph's static inputs: the first batch
         example = next(stream)
         stream = itertools.chain([example], stream)
+    scheduled = not is_constant(config["lr_schedule"], config["warmup_steps"])   # a graph would freeze the lr
     train_step = make_step(model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
-                           config["cuda_graph"], example=example,
-                           say=lambda message: ctx.print(message) if lead else None)
+                           False if scheduled else config["cuda_graph"], example=example,
+                           say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"])
+
+    def lr_at(update: int) -> float:
+        return learning_rate(update, config["lr"], config["lr_schedule"], total, config["warmup_steps"],
+                             config["min_lr"])
     model.train()
     while step < total and stop is None:
         if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
@@ -202,6 +208,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         epoch_start, val_error, done = time.monotonic(), None, 0
         for x, y in stream:
+            if scheduled:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(step)
             loss = train_step(x, y)
             step, position, done = step + 1, position + 1, done + 1
             sync.after_step(step)
@@ -219,7 +228,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
                 if last_report - memory_at >= MEMORY_EVERY_S:
                     memory, memory_at = worker_memory_mb(), last_report
                 ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(), "rss_mb": memory,
-                          "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start)})
+                          "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start),
+                          "lr": lr_at(step - 1),
+                          **({"grad_norm": train_step.grad_norm.item()} if config["clip_grad"] else {})})
             if config["validate_every"] and step % config["validate_every"] == 0:
                 val_error = validate()
             if save_due() and position < batches.steps_per_epoch:     # an epoch's end saves below
@@ -236,7 +247,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             val_error = validate()
         if lead and ended:
             ctx.send({"event": "epoch", "epoch": epoch, "step": step, "train_loss": (totals[0] / totals[1]).item(),
-                      "val_error": val_error, "seconds": time.monotonic() - epoch_start})
+                      "val_error": val_error, "seconds": time.monotonic() - epoch_start, "lr": lr_at(step - 1)})
         if stop is not None or step >= total or (ended and config["save_every"] and epoch % config["save_every"] == 0) \
                 or save_due():
             save()

@@ -1,0 +1,81 @@
+"""The knobs of a modern recipe: learning-rate schedules with warm-up, gradient clipping on the flat
+buffers, and TensorBoard scalars beside metrics.jsonl."""
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+import torch
+
+from harness.flat import FlatParameters
+from harness.metrics import read_metrics
+from harness.schedule import learning_rate
+from harness.step import clip_grad_norm
+from test_interrupt import interrupt
+from test_train import cli, flat_params, run_train
+
+
+def test_schedules_warm_up_then_decay_to_the_minimum():
+    lr, low = 0.1, 0.001
+    at = lambda schedule, step: learning_rate(step, lr, schedule, total=110, warmup=10, min_lr=low)  # noqa: E731
+    assert [at("cosine", s) for s in (0, 4, 9)] == pytest.approx([lr / 11, lr * 5 / 11, lr * 10 / 11])
+    assert at("constant", 3) == at("cosine", 3) and at("constant", 100) == lr
+    assert at("cosine", 10) == pytest.approx(lr) and at("cosine", 60) == pytest.approx((lr + low) / 2)
+    assert at("cosine", 110) == pytest.approx(low) and at("cosine", 500) == pytest.approx(low)
+    assert at("linear", 35) == pytest.approx(low + 0.75 * (lr - low))
+    assert [at("step", s) for s in (10, 43, 44, 76, 77, 109)] == pytest.approx([lr, lr, lr / 10, lr / 10, lr / 100,
+                                                                             lr / 100])
+    assert learning_rate(50, lr, "step", total=60, min_lr=0.005) == 0.005     # never below --min-lr
+    with pytest.raises(ValueError, match="unknown --lr-schedule 'exp'"):
+        learning_rate(0, lr, "exp")
+
+
+def test_clipping_the_flat_gradients_equals_clip_grad_norm():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    reference = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    reference.load_state_dict(model.state_dict())
+    flat, x = FlatParameters(model), torch.randn(8, 6)
+    for max_norm in (0.05, 1e6):        # clipped, and left alone
+        flat.zero_grad()
+        reference.zero_grad()
+        model(x).pow(2).sum().backward()
+        reference(x).pow(2).sum().backward()
+        expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+        assert clip_grad_norm(flat.grads, max_norm) == pytest.approx(expected.item(), rel=1e-6)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-8)
+        clipped = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])).item()
+        assert math.isclose(clipped, min(max_norm, expected.item()), rel_tol=1e-4)
+
+
+def test_a_scheduled_clipped_run_logs_its_rate_and_norm_writes_tensorboard_and_resumes_exactly(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    flags = ["--max-steps", "400", "--batch-size", "8", "--lr-schedule", "cosine", "--warmup-steps", "30",
+             "--min-lr", "0.001", "--clip-grad", "0.5", "--validate-every", "100"]
+    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)       # stopped part-way, saved
+    _, straight = run_train(tmp_path, *flags, "--tensorboard", name="straight")
+    _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
+    assert (flat_params(straight) - flat_params(resumed)).norm() <= 1e-6 * flat_params(straight).norm()
+
+    for run in ("straight", "resumed"):
+        steps = [r for r in read_metrics(tmp_path / run / "metrics.jsonl") if r["event"] == "step"]
+        assert steps and all(r["lr"] == pytest.approx(learning_rate(r["step"] - 1, 0.05, "cosine", 400, 30, 0.001))
+                             for r in steps)
+        assert all(r["grad_norm"] > 0 for r in steps)
+    board = EventAccumulator(str(tmp_path / "straight")).Reload()
+    assert {"step/loss", "step/lr", "step/grad_norm", "validation/val_error"} <= set(board.Tags()["scalars"])
+    assert [e.step for e in board.Scalars("validation/val_error")] == [100, 200, 300, 400]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-lr", "1"], "--min-lr 1.0 must be between 0 and --lr 0.05"),
+    (["--warmup-steps", "-1"], "--warmup-steps -1 must not be negative"),
+    (["--clip-grad", "0"], "--clip-grad must be a positive norm, got 0.0"),
+    (["--cuda-graph", "--warmup-steps", "5"], "--cuda-graph would freeze the learning rate"),
+])
+def test_bad_recipe_flags_are_one_line_errors(flags, message):
+    result = cli("Train.py", *flags)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
