@@ -31,7 +31,7 @@ from .optim import build_optimizer
 from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
 from .saver import BackgroundSaver
 from .schedule import is_constant, learning_rate
-from .step import make_step
+from .step import make_capturable, make_step
 from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
@@ -122,6 +122,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
     ctx.own(batches)
     stream = batches.epoch(epoch, position)     # loader processes start now, while the model is built
     model, optimizer = build(config, data.info, device)
+    if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
+        make_capturable(optimizer)
     flat = FlatParameters(model)
     timeline.mark(marks, "model")
     comm = ctx.communicator()
