@@ -7,11 +7,12 @@ and later loads read that file without importing sklearn. A cache that cannot be
 is rebuilt and never an error.
 """
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from harness.checkpoint import write_atomically
 
 from .split import DataInfo, Split
 
@@ -52,13 +53,6 @@ def _write(path: Path, tensors: tuple[torch.Tensor, ...]) -> None:
     """Atomically (several processes may build the cache at once); a cache we cannot write is skipped."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                torch.save(tensors, file)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(path, tensors)
     except OSError:
         pass

@@ -16,18 +16,23 @@ _PLAIN_SCALARS = (str, int, float, bool, type(None))
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
-    """Write state to path so that readers see either the previous file or the complete new one.
+    """Write state to path (``write_atomically``) once it is known to load again."""
+    path = Path(path)
+    _check_state(path, state)
+    write_atomically(path, state)
+
+
+def write_atomically(path: Path, obj: object) -> None:
+    """``torch.save`` obj to path so that readers see either the previous file or the complete new one.
 
     The data goes to a temp file in the same directory (os.replace is only atomic within one file
     system), is fsynced before the rename so the rename cannot overtake the data, and the directory is
     fsynced after it so the rename itself survives a power cut. The temp file is removed on any failure.
     """
-    path = Path(path)
-    _check_state(path, state)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
-            torch.save(state, file)
+            torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)

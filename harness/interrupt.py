@@ -36,7 +36,7 @@ class Interrupted(Exception):
 
 
 class Interrupts:
-    """``with Interrupts(children=None) as caught:`` the parent's handlers for SIGINT and SIGTERM
+    """``with Interrupts() as caught:`` the parent's handlers for SIGINT and SIGTERM
     while a run lasts. ``caught.signum`` is the first signal (None if none came); ``watch(children)``
     forwards it, and any later first signal, to a group forked after the handlers were installed."""
 
@@ -55,7 +55,7 @@ class Interrupts:
         if self.signum is not None:
             raise Interrupted(signum, "the second signal")
         if self._children is None:
-            raise Interrupted(signum, "before the workers started")
+            raise Interrupted(signum, "before training started")
         self.signum = signum
         # os.write, not print: a handler may run while the main thread is inside a print.
         os.write(2, f"\n{signal.Signals(signum).name}: {self._notice} (press Ctrl-C again to stop at once)\n".encode())

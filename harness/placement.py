@@ -7,6 +7,7 @@ is then started with CUDA_VISIBLE_DEVICES naming one GPU, so it sees that GPU as
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Sequence, Union
 
@@ -27,7 +28,10 @@ def _visible_devices() -> list[str] | None:
     return entries
 
 
+@functools.cache
 def _nvml_count() -> int:
+    """The machine's GPUs, asked once: NVML's init can take a good part of a second, and a fork asks
+    for every child (placement, then each child's environment) besides Train.py's own checks."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:

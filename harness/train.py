@@ -60,6 +60,8 @@ def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Modul
     optimizer = build_optimizer(config["optimizer"], model.parameters(), lr=config["lr"],
                                 momentum=config["momentum"], weight_decay=config["weight_decay"],
                                 nesterov=config["nesterov"])
+    if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
+        make_capturable(optimizer)
     return model, optimizer
 
 
@@ -122,8 +124,6 @@ def train_worker(ctx: Any, config: dict) -> dict:
     ctx.own(batches)
     stream = batches.epoch(epoch, position)     # loader processes start now, while the model is built
     model, optimizer = build(config, data.info, device)
-    if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
-        make_capturable(optimizer)
     flat = FlatParameters(model)
     timeline.mark(marks, "model")
     comm = ctx.communicator()
@@ -202,6 +202,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
     def lr_at(update: int) -> float:
         return learning_rate(update, config["lr"], config["lr_schedule"], total, config["warmup_steps"],
                              config["min_lr"])
+
     model.train()
     while step < total and stop is None:
         if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
