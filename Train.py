@@ -20,7 +20,7 @@ from typing import Iterator
 
 from harness import ChildError, ChildFailed, Children, Parent, timeline
 from harness.interrupt import Interrupted, Interrupts
-from harness.recovery import GaveUp, with_restarts
+from harness.recovery import GaveUp, Recovery
 from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.optim import OPTIMIZERS, check_options
 from harness.schedule import SCHEDULES, is_constant
@@ -109,8 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--log-dir", default="runs", help="metrics.jsonl and metrics.png go here (default runs/)")
     a("--heartbeat-timeout", type=float, default=30.0, help="seconds of silence before a worker counts as hung")
     a("--max-restarts", type=int, default=0,
-      help="when a worker dies or hangs, restart every worker from the last checkpoint, at most N times "
-           "(default 0: the run stops with the error); an exception in the training code is not retried")
+      help="survive up to N worker deaths or hangs (default 0: the run stops with the error): each is healed "
+           "in place (see --heal) or else every worker restarts from the last checkpoint; an exception in "
+           "the training code is not retried")
+    a("--heal", choices=("on", "off"), default=None,
+      help="with --max-restarts: on (the default for CPU workers) replaces a dead worker while the others "
+           "wait, and the survivors hand it their state, so only the interrupted update is redone; off "
+           "restarts every worker from the last checkpoint (the default for GPU workers, where healing "
+           "in place is not built yet)")
     return p.parse_args(argv)
 
 
@@ -136,7 +142,19 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
     if not gpus and (args.workers_per_gpu > 1 or args.mps):
         flag = "--mps" if args.mps else f"--workers-per-gpu {args.workers_per_gpu}"
         raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must not be negative, got {args.max_restarts}")
+    if args.heal == "on" and not args.max_restarts:
+        raise ConfigError("--heal on needs --max-restarts N (how many failures the run may survive), e.g. 3")
+    if args.heal == "on" and gpus:
+        raise ConfigError("--heal on: healing in place is built for CPU workers only so far; GPU workers restart "
+                          "from the last checkpoint (drop --heal on, and save often with --save-every-steps)")
     return gpus, len(gpus) * args.workers_per_gpu or args.cpu_workers
+
+
+def heals_in_place(args: argparse.Namespace, gpus: list[int]) -> bool:
+    """Whether a dead worker is replaced and healed from the survivors (else the group restarts)."""
+    return bool(args.max_restarts) and args.heal != "off" and not gpus
 
 
 def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
@@ -166,8 +184,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
         raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
-    for name in ("seed", "patience", "validate_every", "save_every", "save_every_steps", "weight_decay",
-                 "max_restarts"):
+    for name in ("seed", "patience", "validate_every", "save_every", "save_every_steps", "weight_decay"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
     if args.bucket_mb <= 0:
@@ -205,6 +222,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
         "save": args.save or None, "save_every": args.save_every, "save_every_steps": args.save_every_steps,
         "resume": args.resume, "seed": args.seed, "max_restarts": args.max_restarts,
+        "heal": heals_in_place(args, gpus),
         "amp": args.amp, "tf32": args.tf32, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
         "lr_schedule": args.lr_schedule, "warmup_steps": args.warmup_steps, "min_lr": args.min_lr,
         "clip_grad": args.clip_grad, "tensorboard": args.tensorboard,
@@ -293,6 +311,10 @@ class Progress:
                        + f" ({record['seconds']:.1f} s)")
         elif event == "saved":
             self.saved = record["path"]
+        elif event == "recovered":
+            tqdm.write(f"rank {record['rank']} ({record['cause']}) recovered in {record['seconds']:.1f} s, redoing "
+                       f"step {record['redo_step']}" + (" (parameters: the survivors' average)"
+                                                          if record["mode"] == "param" else ""))
         elif event == "restart":
             tqdm.write(f"rank {record['rank']} ({record['cause']}): restarting every worker from "
                        f"{record['resume'] or 'the start'} (restart {record['restart']} of {record['max_restarts']})")
@@ -328,39 +350,42 @@ WORKER_IMPORTS = ("harness.train", "harness.checkout.datasets", "harness.checkou
 
 
 @contextlib.contextmanager
-def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_timeout: float) -> Iterator[Children]:
+def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_timeout: float,
+            heal: bool) -> Iterator[Children]:
     """A group of training workers, stopped on exit. They import what training needs as soon as they
     start, so a group started before the parent's own imports and checks does that work alongside
     them. With --mps the private daemon starts first and outlives the workers: MPS only quits once
-    its clients are gone."""
+    its clients are gone. ``heal``: a dead worker does not stop the group (harness/recovery.py)."""
     with mps_for(mps, log_dir) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
-        yield parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS)
+        yield parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS, heal=heal)
 
 
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None,
           interrupts: Interrupts | None = None, started: Children | None = None) -> list[dict]:
     """Run harness.train.train_worker on every worker and show progress; returns their summaries.
     ``started``: workers already started (Train.py starts them before its checks), else a group is
-    forked here. A worker that dies or hangs restarts the group from the last checkpoint, --max-restarts times.
+    forked here. A worker that dies or hangs is healed in place or restarts the group from the last
+    checkpoint, --max-restarts times in all (harness/recovery.py).
     ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end.
     ``interrupts``: the handlers of SIGINT and SIGTERM, told about the workers once they exist."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
     log = MetricsLog(config["log_dir"], tensorboard=config["tensorboard"])
     progress = Progress(config, steps_per_epoch, log)
+    recovery = Recovery(config, lambda: progress.saved, progress.handle)
 
     def attempt(attempt_config: dict) -> list[dict]:
         nonlocal started
         if started is not None:             # only the first attempt: a failed group is stopped for good
             kids, started = started, None
-            return run_group(attempt_config, kids, marks, interrupts, progress)
+            return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
         with workers(attempt_config["workers"], gpus, attempt_config["mps"], attempt_config["log_dir"],
-                     heartbeat_timeout) as kids:
+                     heartbeat_timeout, attempt_config["heal"]) as kids:
             marks.setdefault("forked", time.time())
-            return run_group(attempt_config, kids, marks, interrupts, progress)
+            return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
 
     try:
-        results = with_restarts(attempt, config, lambda: progress.saved, progress.handle)
+        results = recovery.run(attempt)
         log.write({"time": time.time(), "event": "startup", "parent": marks,
                    "workers": [r["marks"] for r in results]})
     finally:
@@ -373,20 +398,31 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
 
 
 def run_group(config: dict, kids: Children, marks: dict, interrupts: Interrupts | None,
-              progress: Progress) -> list[dict]:
-    """One group of workers from start (or ``config["resume"]``) to the end of the run."""
+              progress: Progress, recovery: Recovery) -> list[dict]:
+    """One group of workers from start (or ``config["resume"]``) to the end of the run, healed in
+    place when a worker dies, if it may be; otherwise the failure ends the group (stopped)."""
     from harness.train import train_worker
     if interrupts is not None:
         interrupts.watch(kids)
-    kids.exec(train_worker, config)
-    while True:
-        record = kids[0].receive()
-        progress.handle(record)
-        if record["event"] == "first_step":
-            timeline.mark(marks, "first_step")
-        if record["event"] == "done":
-            break
-    return kids.wait()
+    try:
+        kids.exec(train_worker, config)
+        while True:
+            try:
+                record = kids[0].receive()
+            except ChildFailed as failure:
+                recovery.heal(kids, failure)
+                continue
+            if record["event"] == "healed":
+                record = recovery.healed(record)
+            progress.handle(record)
+            if record["event"] == "first_step":
+                timeline.mark(marks, "first_step")
+            if record["event"] == "done":
+                break
+        return kids.wait()
+    except ChildFailed:
+        kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,7 +443,8 @@ def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
     other flags and the files meanwhile."""
     try:
         gpus, count = launch_plan(args)
-        with workers(count, gpus, args.mps, args.log_dir, args.heartbeat_timeout) as kids:
+        heal = heals_in_place(args, gpus)
+        with workers(count, gpus, args.mps, args.log_dir, args.heartbeat_timeout, heal) as kids:
             timeline.mark(marks, "forked")
             config, _ = read_flags(args)
             check_inputs(config)

@@ -6,7 +6,7 @@ The child then serves: it waits for ``exec`` messages, runs each shipped functio
 ``fn(ctx, *args, **kwargs)`` and reports the return value or the exception's traceback.
 
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
-("exchange", tag, values), ("abort", id, reason), ("stop", None, None).
+("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None).
 Child -> parent: ("hello", None, pid), ("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
@@ -17,6 +17,12 @@ A "stop" that arrives while a function runs aborts it: the parent is ending the 
 SIGINT and SIGTERM never end a child: they are recorded as ``ctx.interrupted`` (the signal's
 number) for the running function to act on; the parent decides when the run ends
 (harness/interrupt.py).
+
+Healing (a group forked with ``heal=True``): when a peer dies, the survivors' running function
+is aborted as usual but need not end. It calls ``ctx.await_heal()``, which returns the parent's
+notice once a replacement for the dead rank has been started, and goes on in a new *generation*:
+exchange tags carry it, so nothing of the broken generation is mistaken for the new one's. The
+replacement is a fresh child that starts the same exec with ``ctx.replacing`` set to that notice.
 """
 from __future__ import annotations
 
@@ -56,6 +62,10 @@ class Context:
         self._aborted: str | None = None
         self._aborts: dict[int, str] = {}      # exec id -> reason; an abort may overtake its exec
         self._tags: dict[str, int] = {}
+        self.generation = int(os.environ.get("HARNESS_GENERATION", "0"))
+        # A replacement's heal notice ({"generation", "replaced"}): the exec it joins is under way.
+        self.replacing: dict | None = {"generation": self.generation} if self.generation else None
+        self._heal_notice: dict | None = None
         self._stopping = False
         self._running = False
         self._preloading = False
@@ -102,7 +112,7 @@ class Context:
                 raise ValueError(f"ranks={ranks}: must be increasing ranks in 0..{self.world_size - 1}, each once")
             if self.rank not in ranks:
                 raise ValueError(f"ranks={ranks} leaves out this child (rank {self.rank}); only members exchange")
-        tag = f"{self._exec_id}/{tag}"
+        tag = f"{self._exec_id}.{self.generation}/{tag}"
         self._link.send(("exchange", tag, (ranks, value)))
         return self._link.wait_for(lambda: self._check_abort() or self._exchanges.pop(tag, None))
 
@@ -121,6 +131,30 @@ class Context:
     def own(self, resource: Any) -> None:
         """Close ``resource`` (anything with ``close()``) when the current function returns."""
         self._owned.append(resource)
+
+    def release(self, resource: Any) -> None:
+        """Close an owned ``resource`` now (a broken generation's communicator, say) and forget it."""
+        if resource in self._owned:
+            self._owned.remove(resource)
+        resource.close()
+
+    def await_heal(self, grace: float = 5.0) -> dict | None:
+        """After an error on this rank in a group forked with ``heal=True``: if the parent reports a
+        failed peer within ``grace`` s, wait for it to start the replacement and return its notice
+        ({"generation", "replaced"}): this rank is now in the new generation, no longer aborted, and
+        must open a new communicator. None if no peer failed: the error was this rank's own.
+        Raises PeerFailed if the parent gives up healing and stops the run instead."""
+        if self._link.wait_for(lambda: self._aborted, time.monotonic() + grace) is None:
+            return None
+
+        def notice():
+            if self._stopping:
+                raise PeerFailed("the parent stopped the run instead of healing it")
+            return self._heal_notice
+        found = self._link.wait_for(notice)
+        self._heal_notice, self._aborted, self._tags = None, None, {}
+        self.generation = found["generation"]
+        return found
 
     def communicator(self, backend: str | None = None, **options: Any):
         """Collective call on every child: a communicator over all ranks ("nccl" on GPU children,
@@ -157,6 +191,9 @@ class Context:
                     self._abort(payload)
             elif self._exec_id is None or ident > self._exec_id:   # overtook its exec: apply when it starts
                 self._aborts.setdefault(ident, payload)
+        elif kind == "heal":
+            if ident == self._exec_id:
+                self._heal_notice = payload
         elif kind == "stop":
             self._stopping = True
             if self._preloading:
@@ -210,7 +247,7 @@ class Context:
             outcome = ("result", fn(self, *args, **kwargs))
         except BaseException:
             outcome = ("error", traceback.format_exc())
-        self._running = False
+        self._running, self.replacing = False, None
         if outcome[0] == "error":
             self._abort_owned()      # a collective of ours may be in flight: never wait on it
         try:

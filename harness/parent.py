@@ -6,6 +6,12 @@ after they have connected. The group's API reads like Lua's ``parallel``: exec, 
 scatter, receive, wait. Every blocking call also watches the children: a child that exits or
 stops sending heartbeats ends the call with ``ChildFailed`` in seconds, after the others have
 been told to abort and have been stopped. Nothing hangs and nothing is left running.
+
+A group forked with ``heal=True`` is not stopped when a child fails: the call still raises
+``ChildFailed``, the survivors are still told to abort their collectives, but they stay alive,
+and ``replace(rank)`` starts a new child in the dead one's place, hands it the running exec and
+tells the survivors (harness/child.py: ``await_heal``). What the ranks do then is the running
+code's business (harness/heal.py is Train.py's); the caller may instead ``stop()`` the group.
 """
 from __future__ import annotations
 
@@ -109,21 +115,21 @@ class Children:
     """A group of child workers, ranks 0..n-1. Made by ``Parent.fork``."""
 
     def __init__(self, n: int, key: bytes, endpoint: str, socket: zmq.Socket, environments: list[dict[str, str]],
-                 heartbeat_timeout: float):
+                 heartbeat_timeout: float, heal: bool = False):
         self._key = key
         self._heartbeat_timeout = heartbeat_timeout
+        self._heal = heal
+        self._environments = environments
+        self._generation = 0
         self._exec_ids = itertools.count(1)
         self._exec_id = 0
+        self._call: tuple | None = None
         self._exchanges: dict[str, tuple[list[int], dict[int, Any]]] = {}
         self._first_error: int | None = None     # rank whose error began this exec's failure
         self._failure: ChildFailed | None = None
         self._stopping = False
-        self._children: list[_Child] = []
         self._link = Link(socket, key, self._dispatch, self._housekeeping)
-        for rank, env in enumerate(environments):
-            process = subprocess.Popen([sys.executable, "-m", "harness.child"], env=env,
-                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            self._children.append(_Child(rank, process))
+        self._children: list[_Child] = [self._start(rank, env) for rank, env in enumerate(environments)]
         self._link.start()
         self._await_connections()
 
@@ -145,6 +151,7 @@ class Children:
         """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once."""
         self._raise_if_failed()
         self._exec_id = next(self._exec_ids)
+        self._call = (fn, args, kwargs)
         self._exchanges.clear()
         self._first_error = None
         for child in self._children:
@@ -187,6 +194,40 @@ class Children:
             raise RuntimeError("wait() called before exec(): nothing is running")
         self._link.wait_for(lambda: self._check() or (all(c.outcome for c in self._children) or None))
         return [c.outcome[2] for c in self._children]
+
+    def replace(self, rank: int) -> None:
+        """Heal a group forked with ``heal=True`` after ``ChildFailed`` named ``rank``: start a new child
+        as that rank (same GPU and environment), give it the running exec, and send the survivors
+        the heal notice ({"generation", "replaced"}) they wait for in ``ctx.await_heal``. Raises
+        ``ChildFailed`` (having stopped the group) if the new child does not connect, or if a survivor's
+        exec has already ended: that group cannot be healed."""
+        if not self._heal:
+            raise RuntimeError("replace() needs a group forked with heal=True")
+        old = self._children[rank]
+        if old.process.poll() is None:
+            old.process.kill()
+        old.process.wait()
+        old.reader.join(timeout=1.0)
+        ended = [c.rank for c in self._children if c.rank != rank and c.outcome and c.outcome[0] == self._exec_id]
+        if ended:
+            self._give_up(ChildFailed(rank, f"{self._failure_reason(rank)}, and could not be healed: rank "
+                                            f"{ended[0]}'s function had already ended", old.stderr_tail))
+        self._generation += 1
+        child = self._start(rank, {**self._environments[rank], "HARNESS_GENERATION": str(self._generation)})
+        child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
+        self._children[rank] = child
+        self._failure, self._first_error = None, None
+        self._exchanges.clear()
+        deadline = time.monotonic() + START_TIMEOUT
+        if self._link.wait_for(lambda: self._check() or (child.connected or None), deadline) is None:
+            self._give_up(ChildFailed(rank, f"was replaced, but the new child did not connect within "
+                                            f"{START_TIMEOUT:.0f} s", child.stderr_tail))
+        if self._exec_id:       # running on every survivor (checked above): the replacement joins it
+            self._send_if_alive(child, ("exec", self._exec_id, self._call))
+            notice = {"generation": self._generation, "replaced": rank}
+            for survivor in self._children:
+                if survivor is not child:
+                    self._send_if_alive(survivor, ("heal", self._exec_id, notice))
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop every child (asking first, then SIGKILL after ``grace`` s), reap them, close the socket."""
@@ -266,8 +307,22 @@ class Children:
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
-            self.stop(grace=1.0)
+            if not self._heal:      # a healing group waits for replace() or stop()
+                self.stop(grace=1.0)
             raise self._failure
+
+    def _give_up(self, failure: ChildFailed) -> None:
+        self._failure = failure
+        self.stop(grace=1.0)
+        raise failure
+
+    def _failure_reason(self, rank: int) -> str:
+        return self._failure.reason if self._failure is not None and self._failure.rank == rank else "failed"
+
+    def _start(self, rank: int, env: dict[str, str]) -> _Child:
+        process = subprocess.Popen([sys.executable, "-m", "harness.child"], env=env,
+                                   stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return _Child(rank, process)
 
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
         rank = _rank_of(sender, len(self._children))
@@ -394,22 +449,24 @@ class Parent:
         self._count = itertools.count()
 
     def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None,
-             preload: Sequence[str] = ()) -> Children:
+             preload: Sequence[str] = (), heal: bool = False) -> Children:
         """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices.
         ``preload``: modules each child imports while it waits for its first exec (torch, say), so
-        that a fork made before the parent's own slow work overlaps it."""
+        that a fork made before the parent's own slow work overlaps it. ``heal``: a failed child does
+        not stop the group; ``Children.replace`` starts another in its place."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n={n!r}): n must be a positive integer")
         assigned = placement.assign(n, placement.resolve_gpus(gpus))
         endpoint = f"ipc://{self._dir}/group-{next(self._count)}"
         socket = self._context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)        # a replacement child takes over its rank's identity
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(endpoint)
         threads = max(1, (os.cpu_count() or 1) // n)
         extra = {**(env or {}), "HARNESS_PRELOAD": ",".join(preload)}
         environments = [self._environment(rank, n, gpu, endpoint, threads, extra) for rank, gpu in enumerate(assigned)]
-        group = Children(n, self._key, endpoint, socket, environments, self.heartbeat_timeout)
+        group = Children(n, self._key, endpoint, socket, environments, self.heartbeat_timeout, heal)
         self._groups.append(group)
         return group
 

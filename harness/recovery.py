@@ -1,19 +1,30 @@
-"""A dead worker need not end the run: restart the whole group from the last checkpoint.
+"""A dead worker need not end the run: heal the group in place, or restart it from the last checkpoint.
 
-``with_restarts(run, config, ...)`` calls ``run(config)`` and, when a worker dies or stops
-responding (``ChildFailed``: the parent has already stopped the rest of the group), calls it again
-with ``config["resume"]`` pointing at the last checkpoint this run wrote, up to ``max_restarts``
-times. A resume is exact (harness/train.py), so what is lost is the updates since that checkpoint:
-save often (``--save-every-steps``; harness/saver.py writes in the background) and little is.
+``Recovery`` holds the run's budget, ``--max-restarts N`` failures survived, and spends it two ways:
 
-Only deaths and hangs are retried. An exception in the training code (``ChildError``) would
+- ``heal(kids, failure)``: the parent's side of healing in place (harness/heal.py is the workers'
+  side). The group was forked with ``heal=True``, so the survivors are still alive with their
+  replicas; a replacement is started for the dead rank (``Children.replace``) and the survivors
+  hand it their state. The workers' "healed" report ends the heal (``healed`` turns it into the
+  log's "recovered" record: rank, cause, seconds from the failure to training again, the step
+  redone). Healing is refused, and the failure raised, when it is off, when the budget is spent,
+  or when another failure comes while a heal is under way: a group that broke while mending
+  itself is restarted from the checkpoint instead.
+- ``run(attempt, config)``: calls ``attempt(config)`` and, when a worker dies or stops responding
+  (``ChildFailed``, the group stopped), calls it again with ``config["resume"]`` pointing at the
+  last checkpoint this run wrote. A resume is exact (harness/train.py), so what is lost is the
+  updates since that checkpoint: save often (``--save-every-steps``; harness/saver.py writes in the
+  background) and little is.
+
+Only deaths and hangs are survived. An exception in the training code (``ChildError``) would
 most likely be raised again by the same code on the same data, so it ends the run at once.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, TypeVar
 
-from .parent import ChildFailed
+from .parent import ChildFailed, Children
 
 T = TypeVar("T")
 
@@ -27,22 +38,53 @@ class GaveUp(RuntimeError):
                          f"raise --max-restarts to allow more)")
 
 
-def with_restarts(run: Callable[[dict], T], config: dict, last_saved: Callable[[], str | None],
-                  report: Callable[[dict], None]) -> T:
-    """``run(config)``, restarted from ``last_saved()`` (or the run's own starting point, when it has
-    saved nothing yet) after each ``ChildFailed``, at most ``config["max_restarts"]`` times. Each
-    restart is ``report``ed as an event record first."""
-    limit, attempt, restarts = config["max_restarts"], config, 0
-    while True:
+class Recovery:
+    """``config``: a run's "max_restarts", "heal" and "resume"; ``last_saved()``: the last checkpoint the
+    run wrote, if any; ``report(record)``: where restart records go (the metrics log)."""
+
+    def __init__(self, config: dict, last_saved: Callable[[], str | None], report: Callable[[dict], None]):
+        self.limit, self.heals_in_place = config["max_restarts"], config["heal"]
+        self.used = 0
+        self._config, self._last_saved, self._report = config, last_saved, report
+        self._healing: tuple[ChildFailed, float] | None = None     # the failure being healed, and when
+
+    def run(self, attempt: Callable[[dict], T]) -> T:
+        """``attempt(config)``, restarted from the last checkpoint (or the run's own starting point, when
+        it has saved nothing yet) after each ``ChildFailed`` while the budget lasts."""
+        config = self._config
+        while True:
+            try:
+                return attempt(config)
+            except ChildFailed as failure:
+                self._healing = None
+                if self.used == self.limit:
+                    if self.limit:
+                        raise GaveUp(failure, self.limit) from failure
+                    raise
+                self.used += 1
+                resume = self._last_saved() or self._config["resume"]
+                self._report({"event": "restart", "restart": self.used, "max_restarts": self.limit,
+                              "rank": failure.rank, "cause": failure.reason, "resume": resume})
+                config = {**self._config, "resume": resume}
+
+    def heal(self, kids: Children, failure: ChildFailed) -> None:
+        """Replace the failed rank and let the survivors heal it; raises ``failure`` (the group
+        stopped, so ``run`` restarts it) when healing is off, the budget spent, or a heal under way."""
+        if not self.heals_in_place or self.used == self.limit or self._healing is not None:
+            kids.stop(grace=1.0)
+            raise failure
+        self.used += 1
+        self._healing = (failure, time.monotonic())
         try:
-            return run(attempt)
-        except ChildFailed as failure:
-            if restarts == limit:
-                if limit:
-                    raise GaveUp(failure, limit) from failure
-                raise
-            restarts += 1
-            resume = last_saved() or config["resume"]
-            report({"event": "restart", "restart": restarts, "max_restarts": limit, "rank": failure.rank,
-                     "cause": failure.reason, "resume": resume})
-            attempt = {**config, "resume": resume}
+            kids.replace(failure.rank)
+        except ChildFailed:
+            kids.stop(grace=1.0)
+            raise
+
+    def healed(self, record: dict) -> dict:
+        """The workers' "healed" report as the log's "recovered" record."""
+        failure, since = self._healing
+        self._healing = None
+        return {"event": "recovered", "rank": failure.rank, "cause": failure.reason,
+                "seconds": time.monotonic() - since, "redo_step": record["step"] + 1, "restart": self.used,
+                "max_restarts": self.limit, **{k: v for k, v in record.items() if k != "event"}}

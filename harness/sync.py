@@ -41,6 +41,9 @@ class Synchroniser:
     def reset(self) -> None:
         """Forget a step that was begun but not finished (an abandoned graph capture)."""
 
+    def close(self) -> None:
+        """Detach from the model (its hooks), before a healed group makes a new synchroniser."""
+
 
 class GradientAveraging(Synchroniser):
     def after_backward(self) -> None:
@@ -146,6 +149,7 @@ class BucketedGradientAveraging(GradientAveraging):
     def close(self) -> None:
         for hook in self._hooks:
             hook.remove()
+        self.reset()
 
 
 class ParameterAveraging(Synchroniser):

@@ -25,6 +25,7 @@ import torch
 from . import timeline
 from .checkpoint import load_checkpoint, rng_state, set_rng_state
 from .flat import FlatParameters
+from .heal import Where, hand_over, rejoin
 from .interrupt import StopVote
 from .metrics import worker_memory_mb
 from .optim import build_optimizer
@@ -117,7 +118,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
     marks = {**ctx.marks, "exec": time.time()}
     data = load_data(config)
     timeline.mark(marks, "data")
-    state = load_checkpoint(config["resume"], map_location=device) if config["resume"] else None
+    replacing = ctx.replacing is not None     # a dead rank's replacement: the survivors hand it their state
+    state = load_checkpoint(config["resume"], map_location=device) if config["resume"] and not replacing else None
     # Where the data stands: epochs completed, updates done, and batches done in the current epoch.
     epoch, step, position = (state["epoch"], state["step"], state.get("position", 0)) if state else (0, 0, 0)
     batches = make_batches(data.train, config, rank, world, device)
@@ -133,9 +135,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         if position:        # mid-epoch: dropout and the like go on from where the generators were
             set_rng_state(state["rng"][rank], device)
-    sync = make_synchroniser(config, comm, flat, optimizer)
-    sync.start()
-    vote, interrupted = StopVote(ctx, comm, device), 0
+    interrupted = 0
 
     if position >= batches.steps_per_epoch:
         raise ValueError(f"--resume {config['resume']} stopped after batch {position} of an epoch, but an epoch "
@@ -195,9 +195,39 @@ def train_worker(ctx: Any, config: dict) -> dict:
         example = next(stream)
         stream = itertools.chain([example], stream)
     scheduled = not is_constant(config["lr_schedule"], config["warmup_steps"])   # a graph would freeze the lr
-    train_step = make_step(model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
-                           False if scheduled else config["cuda_graph"], example=example,
-                           say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"])
+
+    def attach(start: bool) -> tuple[Synchroniser, StopVote, Any]:
+        """What keeps this rank in step through ``comm``: the synchroniser (``start``: first making every
+        replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator)."""
+        sync = make_synchroniser(config, comm, flat, optimizer)
+        if start:
+            sync.start()
+        return sync, StopVote(ctx, comm, device), make_step(
+            model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
+            False if scheduled else config["cuda_graph"], example=example,
+            say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"])
+
+    def heal(where: Where | None) -> None:
+        """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the
+        donor's state and place, and go on from there. ``where`` is None on the replacement itself."""
+        nonlocal epoch, step, position, best_error, stale, sync, vote, train_step, stream, saved_at
+        began = time.monotonic()
+        place, summary = hand_over(ctx, comm, flat, optimizer, where, average=config["mode"] == "param")
+        epoch, step, position = place.epoch, place.step, place.position
+        best_error, stale = place.best_error, place.stale
+        if position == batches.steps_per_epoch:
+            epoch, position = epoch + 1, 0
+        sync, vote, train_step = attach(start=False)
+        stream, saved_at = None, step
+        torch.manual_seed(hash((config["seed"], rank, epoch, step)) & (2**63 - 1))
+        if lead:
+            ctx.send({"event": "healed", "step": step, "epoch": epoch, "generation": ctx.generation,
+                      "hand_over_s": time.monotonic() - began, "mode": config["mode"], **summary})
+
+    if replacing:
+        heal(None)
+    else:
+        sync, vote, train_step = attach(start=True)
 
     def lr_at(update: int) -> float:
         return learning_rate(update, config["lr"], config["lr_schedule"], total, config["warmup_steps"],
@@ -205,55 +235,66 @@ def train_worker(ctx: Any, config: dict) -> dict:
 
     model.train()
     while step < total and stop is None:
-        if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
-            torch.manual_seed(hash((config["seed"], rank, epoch)) & (2**63 - 1))
-        stream = stream or batches.epoch(epoch, position)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        epoch_start, val_error, done = time.monotonic(), None, 0
-        for x, y in stream:
-            if scheduled:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(step)
-            loss = train_step(x, y)
-            step, position, done = step + 1, position + 1, done + 1
-            sync.after_step(step)
-            interrupted = interrupted or vote.poll(step)
-            if interrupted and stop is None:
-                stop = f"interrupted by {signal.Signals(interrupted).name}"
-            loss_sum += loss.double()
-            if step == first:       # one synchronisation, so that the mark is when the step really ended
-                first_loss = loss.item()
-                timeline.mark(marks, "first_step")
-                if lead:
-                    ctx.send({"event": "first_step", "step": step, "loss": first_loss})
-            if lead and time.monotonic() - last_report >= REPORT_EVERY_S:
-                last_report = time.monotonic()
-                if last_report - memory_at >= MEMORY_EVERY_S:
-                    memory, memory_at = worker_memory_mb(), last_report
-                ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(), "rss_mb": memory,
-                          "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start),
-                          "lr": lr_at(step - 1),
-                          **({"grad_norm": train_step.grad_norm.item()} if config["clip_grad"] else {})})
-            if config["validate_every"] and step % config["validate_every"] == 0:
+        try:
+            if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
+                torch.manual_seed(hash((config["seed"], rank, epoch)) & (2**63 - 1))
+            stream = stream or batches.epoch(epoch, position)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            epoch_start, val_error, done = time.monotonic(), None, 0
+            for x, y in stream:
+                if scheduled:
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr_at(step)
+                loss = train_step(x, y)
+                step, position, done = step + 1, position + 1, done + 1
+                sync.after_step(step)
+                interrupted = interrupted or vote.poll(step)
+                if interrupted and stop is None:
+                    stop = f"interrupted by {signal.Signals(interrupted).name}"
+                loss_sum += loss.double()
+                if step == first:       # one synchronisation, so that the mark is when the step really ended
+                    first_loss = loss.item()
+                    timeline.mark(marks, "first_step")
+                    if lead:
+                        ctx.send({"event": "first_step", "step": step, "loss": first_loss})
+                if lead and time.monotonic() - last_report >= REPORT_EVERY_S:
+                    last_report = time.monotonic()
+                    if last_report - memory_at >= MEMORY_EVERY_S:
+                        memory, memory_at = worker_memory_mb(), last_report
+                    ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(), "rss_mb": memory,
+                              "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start),
+                              "lr": lr_at(step - 1),
+                              **({"grad_norm": train_step.grad_norm.item()} if config["clip_grad"] else {})})
+                if config["validate_every"] and step % config["validate_every"] == 0:
+                    val_error = validate()
+                if save_due() and position < batches.steps_per_epoch:     # an epoch's end saves below
+                    save()
+                if stop is not None or step >= total:
+                    break
+            stream = None
+            ended = position == batches.steps_per_epoch
+            if ended:
+                epoch, position = epoch + 1, 0
+            totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=device)])
+            comm.all_reduce(totals)
+            if not config["validate_every"] and stop is None and (ended or step >= total):
                 val_error = validate()
-            if save_due() and position < batches.steps_per_epoch:     # an epoch's end saves below
+            if lead and ended:
+                ctx.send({"event": "epoch", "epoch": epoch, "step": step, "train_loss": (totals[0] / totals[1]).item(),
+                          "val_error": val_error, "seconds": time.monotonic() - epoch_start, "lr": lr_at(step - 1)})
+            if stop is not None or step >= total or save_due() \
+                    or (ended and config["save_every"] and epoch % config["save_every"] == 0):
                 save()
-            if stop is not None or step >= total:
-                break
-        stream = None
-        ended = position == batches.steps_per_epoch
-        if ended:
-            epoch, position = epoch + 1, 0
-        totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=device)])
-        comm.all_reduce(totals)
-        if not config["validate_every"] and stop is None and (ended or step >= total):
-            val_error = validate()
-        if lead and ended:
-            ctx.send({"event": "epoch", "epoch": epoch, "step": step, "train_loss": (totals[0] / totals[1]).item(),
-                      "val_error": val_error, "seconds": time.monotonic() - epoch_start, "lr": lr_at(step - 1)})
-        if stop is not None or step >= total or (ended and config["save_every"] and epoch % config["save_every"] == 0) \
-                or save_due():
-            save()
+        except RuntimeError as error:     # a collective failed: a dead peer (then heal), or this rank's own error
+            if not config["heal"]:
+                raise
+            sync.close()
+            rejoined = rejoin(ctx, comm, error)
+            if rejoined is None:
+                raise
+            comm = rejoined[0]
+            heal(Where(epoch, step, position, best_error, stale))
+
     sync.finish()
     saver.wait()
     if lead:

@@ -1,5 +1,6 @@
-"""A worker that dies or hangs restarts the group from the last checkpoint (--max-restarts), and
-the run ends where an uninterrupted one does; checkpoints are written in the background."""
+"""A worker that dies or hangs restarts the group from the last checkpoint (--max-restarts with
+--heal off; tests/test_heal.py heals in place), and the run ends where an uninterrupted one does;
+checkpoints are written in the background."""
 from __future__ import annotations
 
 import os
@@ -44,7 +45,7 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
                                                                                                   monkeypatch):
     (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
     monkeypatch.syspath_prepend(str(tmp_path))           # for the straight run below, in this process
-    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heal", "off")
     wait_for_record(process, tmp_path, after_restarts(0, "saved"))
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, after_restarts(1, "saved"))
@@ -69,7 +70,7 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
 
 def test_restarts_exhausted_end_the_run_with_one_clear_error(tmp_path):
     (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    process = start_train(tmp_path, *FLAGS, "--max-restarts", "1")
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "1", "--heal", "off")
     os.kill(workers_of(process)[0], signal.SIGKILL)
     wait_for_record(process, tmp_path, after_restarts(1, "step"))
     os.kill(workers_of(process)[1], signal.SIGKILL)

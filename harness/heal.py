@@ -1,0 +1,150 @@
+"""Healing in place: a replacement rank joins the survivors, who hand it the run's state.
+
+In data-parallel training every replica holds the whole model, so when one worker dies the
+others still have everything it had. The parent starts a replacement for the dead rank
+(``Children.replace``, harness/parent.py); each rank then goes through the same steps:
+
+1. ``rejoin``: the broken generation's communicator is released. For gloo that matters beyond
+   tidiness: a peer blocked on a socket of ours is only freed (with an error, which brings it
+   here too) once our process group is gone, and ``abort()`` does not close those sockets.
+   Then a communicator over the new generation is opened, the replacement taking part.
+2. ``hand_over``: every rank says where it stands (``Where``: epoch, updates done, position in
+   the epoch) through ``ctx.exchange``. The *donor* is the survivor with the fewest updates
+   done. Ranks are never more than one update apart (an update's all-reduce needs every rank),
+   and a rank whose all-reduce failed has not stepped its optimizer, so the donor holds the state
+   from before the interrupted update. It broadcasts its parameters, buffers and optimizer state
+   to every rank, and every rank goes on from the donor's place: the interrupted update is
+   redone, nothing else is lost.
+3. Grad mode: the replicas were identical, so the healed run is the uninterrupted one (bit for
+   bit on CPU workers), for models whose replicas keep no per-rank state: BatchNorm statistics
+   are per rank between averagings, and the replacement starts from the donor's. Param mode:
+   replicas differ between averagings, so every rank continues from the survivors' average.
+   Randomness inside the model (dropout) is reseeded on every rank from (seed, rank, epoch, update)
+   after a heal, so a model that draws random numbers does not repeat the lost rank's draws.
+
+Only what the communicator carries is used: nothing goes through the parent but the small
+``Where`` records and the optimizer state's layout.
+"""
+from __future__ import annotations
+
+import gc
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .flat import FlatParameters
+
+RECOVERY_GRACE = 5.0    # seconds a rank whose collective failed waits to hear that a peer died
+
+
+@dataclass
+class Where:
+    """Where a rank's training stands: epochs completed, updates done, batches done in this epoch,
+    and its early-stopping record."""
+    epoch: int
+    step: int
+    position: int
+    best_error: float
+    stale: int
+
+
+def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GRACE) -> tuple[Any, dict] | None:
+    """After ``error`` (a failed collective, say) was raised on this rank: if the parent reports a dead
+    peer, wait for its replacement and return (a communicator over the new generation, the heal
+    notice). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
+    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser)."""
+    # The error's frames hold the failed work handles, which hold the process group's sockets open.
+    traceback.clear_frames(error.__traceback__)
+    ctx.release(comm)
+    gc.collect()
+    notice = ctx.await_heal(grace)
+    if notice is None:
+        return None
+    return ctx.communicator(), notice
+
+
+def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.Optimizer,
+              where: Where | None, average: bool) -> tuple[Where, dict]:
+    """Collective on every rank of the new generation; ``where`` is None on the replacement.
+    Copies the donor's state to every rank (``average``: parameters and buffers are the survivors'
+    mean instead) and returns (the donor's Where, a summary for the log: donor, steps_lost)."""
+    places = ctx.exchange(ctx.unique_tag("heal"), where)
+    survivors = [rank for rank, place in enumerate(places) if place is not None]
+    if not survivors:
+        raise RuntimeError("no survivor to heal from: every rank was replaced")
+    donor = min(survivors, key=lambda rank: (places[rank].step, rank))
+    tensors = (*flat.params, *flat.buffers)
+    if average:
+        for tensor in tensors:
+            if where is None:
+                tensor.zero_()
+            comm.all_reduce(tensor, op="sum")
+            tensor.div_(len(survivors))
+    else:
+        for tensor in tensors:
+            comm.broadcast(tensor, root=donor)
+    _broadcast_optimizer(ctx, comm, optimizer, donor)
+    return places[donor], {"donor": donor, "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
+
+
+def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, donor: int) -> None:
+    """The donor's optimizer state on every rank: its layout (which tensors, shapes, dtypes, and the
+    plain values) through the parent, the tensors over the communicator."""
+    tensors: list[torch.Tensor] = []
+    layout = _layout(optimizer.state_dict(), tensors) if ctx.rank == donor else None
+    layout = ctx.exchange(ctx.unique_tag("optimizer-layout"), layout)[donor]
+    slots: list[_Slot] = []
+    _collect(layout, slots)
+    if ctx.rank != donor:
+        tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in slots]
+    device = torch.device(comm.device_type, 0) if comm.device_type == "cuda" else torch.device("cpu")
+    received = []
+    for slot, tensor in zip(slots, tensors):
+        carrier = tensor.to(device).contiguous()
+        comm.broadcast(carrier, root=donor)
+        received.append(carrier.to(slot.device))
+    if ctx.rank != donor:
+        optimizer.load_state_dict(_fill(layout, received))
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+
+def _layout(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value`` with each tensor replaced by a _Slot (its place in ``tensors``)."""
+    if torch.is_tensor(value):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype, str(value.device))
+    if isinstance(value, dict):
+        return {key: _layout(item, tensors) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_layout(item, tensors) for item in value]
+    return value
+
+
+def _collect(layout: Any, slots: list[_Slot]) -> None:
+    if isinstance(layout, _Slot):
+        slots.append(layout)
+    elif isinstance(layout, dict):
+        for item in layout.values():
+            _collect(item, slots)
+    elif isinstance(layout, list):
+        for item in layout:
+            _collect(item, slots)
+
+
+def _fill(layout: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(layout, _Slot):
+        return tensors[layout.index]
+    if isinstance(layout, dict):
+        return {key: _fill(item, tensors) for key, item in layout.items()}
+    if isinstance(layout, list):
+        return [_fill(item, tensors) for item in layout]
+    return layout
