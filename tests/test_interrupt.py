@@ -67,14 +67,14 @@ def left_in_tmp(tmp_path) -> list[str]:
     return [name for name in os.listdir(tmp_path / "tmp") if not name.startswith("torchinductor_")]
 
 
-def finish(process, tmp_path) -> tuple[int, str, list[int]]:
-    """Wait for Train.py; returns (exit status, stderr, processes left below it or in TMPDIR)."""
+def finish(process, tmp_path) -> tuple[int, str, list[int], str]:
+    """Wait for Train.py; returns (exit status, stderr, processes left below it, stdout)."""
     workers = descendants(process.pid)
     try:
-        _, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=60)
     finally:
         kill_quietly(-process.pid)
-    return process.returncode, err, wait_gone(workers, 2.0)
+    return process.returncode, err, wait_gone(workers, 2.0), out
 
 
 def interrupt(tmp_path, sig: signal.Signals, to_group: bool, flags: list[str]) -> tuple[int, str]:
@@ -82,7 +82,7 @@ def interrupt(tmp_path, sig: signal.Signals, to_group: bool, flags: list[str]) -
     does); check the clean stop. Returns the update it stopped at and its checkpoint."""
     process = start_train(tmp_path, *flags)
     os.killpg(process.pid, sig) if to_group else os.kill(process.pid, sig)
-    status, err, left = finish(process, tmp_path)
+    status, err, left, _ = finish(process, tmp_path)
 
     assert status == 128 + sig, err
     assert "Traceback" not in err
@@ -114,7 +114,7 @@ def test_a_second_signal_stops_at_once_without_a_traceback(tmp_path):
     os.killpg(process.pid, signal.SIGINT)
     time.sleep(0.5)
     os.killpg(process.pid, signal.SIGINT)
-    status, err, left = finish(process, tmp_path)
+    status, err, left, _ = finish(process, tmp_path)
 
     assert status == 130, err
     assert "Traceback" not in err

@@ -51,7 +51,7 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
     wait_for_record(process, tmp_path, after_restarts(1, "saved"))
     hung = workers_of(process)[0]
     os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 3 s: killed, then restarted
-    status, err, left = finish(process, tmp_path)
+    status, err, left, _ = finish(process, tmp_path)
     kill_quietly(hung, signal.SIGCONT)
 
     assert status == 0, err
@@ -74,7 +74,7 @@ def test_restarts_exhausted_end_the_run_with_one_clear_error(tmp_path):
     os.kill(workers_of(process)[0], signal.SIGKILL)
     wait_for_record(process, tmp_path, after_restarts(1, "step"))
     os.kill(workers_of(process)[1], signal.SIGKILL)
-    status, err, left = finish(process, tmp_path)
+    status, err, left, _ = finish(process, tmp_path)
 
     assert status == 1, err
     assert "Train.py: training failed: child 1 was killed by signal SIGKILL" in err

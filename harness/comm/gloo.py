@@ -1,16 +1,24 @@
 """gloo through torch.distributed, for CPU children.
 
 The ranks meet through a TCPStore that rank 0 serves on a free loopback port (comm/store.py).
-Gloo cannot average, so "avg" is a sum then a division. A gloo collective blocked on a live
-peer cannot be interrupted (abort() does not close its sockets; only the peer's death does), so
-when the parent reports a failed peer while a collective is in flight, this process ends itself
-after ABORT_GRACE seconds instead of waiting out gloo's timeout: the run is already lost, and
-the parent has already named the cause.
+Gloo cannot average, so "avg" is a sum then a division.
+
+Aborting: a gloo collective blocked on a live peer cannot be interrupted by gloo itself (the
+process group's ``abort()`` and ``shutdown()`` leave its sockets open, and so does dropping it
+while a failed operation is still referenced somewhere in C++), and a peer blocked on *us* is only
+freed when our connections close. So ``abort()`` shuts down the TCP connections the process group
+opened (noted when it was made, from /proc/self/fd): a collective blocked here fails at once, and
+so does every peer's that waits on this rank. That is what lets the survivors of a dead rank all
+reach the point where they heal (harness/heal.py). Should a wait still be stuck ABORT_GRACE
+seconds later, this process ends itself rather than wait out gloo's timeout.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import socket
+import stat
 import sys
 import threading
 from typing import Any
@@ -38,7 +46,9 @@ class GlooCommunicator(Communicator):
         options = ProcessGroupGloo._Options()
         options._devices = [ProcessGroupGloo.create_device(hostname=host)]
         options._timeout = delta
+        before = _sockets()
         self._pg = ProcessGroupGloo(self._store, self.rank, self.size, options)
+        self._connections = _sockets() - before
         self._in_flight = 0
         self._remove_hook = ctx.on_abort(self.abort)
 
@@ -93,6 +103,8 @@ class GlooCommunicator(Communicator):
         self._work(self._pg.barrier()).wait()
 
     def _abort(self) -> None:
+        if self._pg is not None:
+            _shut_down(self._connections)
         timer = threading.Timer(ABORT_GRACE, self._end_if_stuck)   # a no-op unless a wait is still stuck then
         timer.daemon = True
         timer.start()
@@ -108,6 +120,26 @@ class GlooCommunicator(Communicator):
         self._remove_hook()
         self._pg = None
         self._store = None
+
+
+def _sockets() -> set[int]:
+    """This process's open socket descriptors (none where there is no /proc)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(os.stat(f"/proc/self/fd/{name}").st_mode):
+                    found.add(int(name))
+    return found
+
+
+def _shut_down(descriptors: set[int]) -> None:
+    """Shut down the TCP connections among ``descriptors``; both ends' blocked reads then fail."""
+    for fd in descriptors:
+        with contextlib.suppress(OSError):
+            with socket.socket(fileno=os.dup(fd)) as connection:
+                if connection.family in (socket.AF_INET, socket.AF_INET6):
+                    connection.shutdown(socket.SHUT_RDWR)
 
 
 def _all_reduce_options(op: str):

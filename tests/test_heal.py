@@ -1,0 +1,156 @@
+"""Healing in place (--max-restarts with --heal on, the default for CPU workers): a worker that dies
+or hangs is replaced, the survivors hand it their state, only the interrupted update is redone, and
+the run ends exactly where an uninterrupted one does. Real processes, real signals; and the API
+underneath (Children.replace, ctx.await_heal through harness.heal.rejoin) used directly."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from conftest import kill_quietly
+from harness import ChildFailed, Parent
+from harness.metrics import read_metrics
+from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
+from test_recovery import workers_of
+from test_train import flat_params, run_train
+
+FLAGS = ["--model", "slow_model:model", "--model-options", '{"delay": 0.03}', "--batch-size", "8",
+         "--cpu-workers", "3", "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "3"]
+
+
+def records_of(tmp_path, event: str) -> list[dict]:
+    return [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == event]
+
+
+def recovered(count: int):
+    """A wait condition: ``count`` heals done, and training has reported an update since."""
+    def found(records):
+        events = [r["event"] for r in records]
+        return events.count("recovered") == count and "step" in events[len(events) - events[::-1].index("recovered"):]
+    return found
+
+
+def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, monkeypatch):
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))           # for the straight run below, in this process
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    wait_for_record(process, tmp_path, recovered(1))
+    hung = workers_of(process)[0]
+    os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 3 s: killed, then healed
+    status, err, left, out = finish(process, tmp_path)
+    kill_quietly(hung, signal.SIGCONT)
+
+    assert status == 0, err
+    heals = records_of(tmp_path, "recovered")
+    assert [(r["rank"], r["generation"]) for r in heals] == [(1, 1), (0, 2)]
+    assert heals[0]["cause"] == "was killed by signal SIGKILL"
+    assert heals[1]["cause"].startswith("stopped responding")
+    assert all(r["steps_lost"] <= 1 and r["redo_step"] == r["step"] + 1 and r["mode"] == "grad" for r in heals)
+    assert records_of(tmp_path, "restart") == []
+    assert "rank 1 (was killed by signal SIGKILL) recovered in " in out
+    assert left == [] and left_in_tmp(tmp_path) == []
+
+    _, straight = run_train(tmp_path, *FLAGS, name="straight")
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))      # bit for bit
+
+
+def test_param_mode_heals_from_the_survivors_average(tmp_path):
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    process = start_train(tmp_path, *FLAGS, "--mode", "param", "--avg-every", "4", "--max-restarts", "1")
+    os.kill(workers_of(process)[2], signal.SIGKILL)
+    status, err, left, out = finish(process, tmp_path)
+
+    assert status == 0, err
+    [heal] = records_of(tmp_path, "recovered")
+    assert heal["rank"] == 2 and heal["mode"] == "param"
+    assert "(parameters: the survivors' average)" in out
+    assert records_of(tmp_path, "done")[0]["step"] == 60 and left == []
+
+
+def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tmp_path, monkeypatch):
+    """The second death is found while the first is being healed: the group restarts instead."""
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # No hang in this test: a longer heartbeat timeout keeps a restarted worker that is slow to start
+    # on a busy 2-core machine from counting as hung.
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heartbeat-timeout", "15")
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
+    for pid in workers_of(process)[:2]:
+        os.kill(pid, signal.SIGKILL)
+    status, err, left, out = finish(process, tmp_path)
+
+    assert status == 0, err
+    [restart] = records_of(tmp_path, "restart")
+    assert restart["restart"] == 2 and restart["resume"] == str(tmp_path / "model.pt")
+    assert records_of(tmp_path, "recovered") == [] and left == []
+    _, straight = run_train(tmp_path, *FLAGS, name="straight")
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+
+
+def test_heals_spend_the_restart_budget_and_then_the_run_ends_with_one_clear_error(tmp_path):
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "1")
+    os.kill(workers_of(process)[0], signal.SIGKILL)
+    wait_for_record(process, tmp_path, recovered(1))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, out = finish(process, tmp_path)
+
+    assert status == 1, err
+    assert re.search(r"Train.py: training failed: child \d was killed by signal SIGKILL", err)
+    assert "gave up after 1 restart: raise --max-restarts to allow more" in err
+    assert left == []
+
+
+def count_to(ctx, n: int, pause: float) -> tuple[int, int, int]:
+    """All-reduce ones n times; a rank that fails rejoins and the group agrees where to go on."""
+    from harness.heal import rejoin
+    comm, step, heals = ctx.communicator(), 0, 0
+    if ctx.replacing is not None:
+        step = agree(ctx, None)
+    while step < n:
+        try:
+            t = torch.ones(1)
+            comm.all_reduce(t)
+            assert t.item() == ctx.world_size
+            step += 1
+            if ctx.rank == 0 and step == 10 and not heals:
+                ctx.send("counting")
+            time.sleep(pause)
+        except RuntimeError as error:
+            rejoined = rejoin(ctx, comm, error)
+            if rejoined is None:
+                raise
+            comm, heals = rejoined[0], heals + 1
+            step = agree(ctx, step)
+    return step, heals, ctx.generation
+
+
+def agree(ctx, step: int | None) -> int:
+    return min(s for s in ctx.exchange(ctx.unique_tag("agree"), step) if s is not None)
+
+
+def test_the_api_replaces_a_dead_child_and_the_survivors_go_on_with_it():
+    with Parent(heartbeat_timeout=5.0) as parent:
+        kids = parent.fork(3, heal=True)
+        kids.exec(count_to, 150, 0.01)
+        assert kids[0].receive() == "counting"
+        os.kill(kids.pids[1], signal.SIGKILL)
+        with pytest.raises(ChildFailed, match="child 1 was killed by signal SIGKILL"):
+            kids.wait()
+        kids.replace(1)
+        results = kids.wait()
+    assert [r[0] for r in results] == [150, 150, 150]
+    assert [r[1:] for r in results] == [(1, 1), (0, 1), (1, 1)]     # the replacement joined in generation 1
+
+
+def test_replace_needs_a_group_forked_to_heal():
+    with Parent() as parent:
+        kids = parent.fork(1)
+        with pytest.raises(RuntimeError, match="heal=True"):
+            kids.replace(0)
