@@ -7,7 +7,8 @@ The child then serves: it waits for ``exec`` messages, runs each shipped functio
 
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
 ("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None).
-Child -> parent: ("hello", None, pid), ("heartbeat", None, None), ("print", id, text),
+Child -> parent: ("hello", None, pid), ("ready", None, None) once its preloads are imported,
+("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
 rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
@@ -231,6 +232,7 @@ class Context:
             except Exception:       # the exec that needs it will raise the error itself, to the parent
                 pass
         self._preloading = False
+        self._link.send(("ready", None, None))
         while True:
             work = self._link.wait_for(lambda: "stop" if self._stopping else (
                 self._inbox["exec"].popleft() if self._inbox["exec"] else None))

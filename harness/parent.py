@@ -79,6 +79,7 @@ class _Child:
         self.process = process
         self.pid = process.pid
         self.connected = False
+        self.ready = False      # its preloads imported: from then on, silence means a hang
         self.last_seen = time.monotonic()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self.inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("yield", "data")}
@@ -334,6 +335,8 @@ class Children:
         kind, ident, payload = message
         if kind == "hello":
             child.connected = True
+        elif kind == "ready":
+            child.ready = True
         elif kind == "print":
             print(f"[{rank}] {payload}", flush=True)
         elif kind in ("yield", "data") and ident == self._exec_id:      # what older execs left is moot
@@ -401,8 +404,10 @@ class Children:
                 child.reader.join(timeout=1.0)        # let the last stderr lines arrive
                 self._fail(child, _describe_exit(returncode))
                 return
+            # Importing torch can hold the GIL for seconds (the heartbeat thread cannot run), more so on
+            # a busy machine: a child still importing its preloads is given START_TIMEOUT.
             silent = now - child.last_seen
-            if child.connected and silent > self._heartbeat_timeout:
+            if child.connected and silent > (self._heartbeat_timeout if child.ready else START_TIMEOUT):
                 child.process.kill()
                 self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)")
                 return

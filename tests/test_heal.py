@@ -4,6 +4,7 @@ the run ends exactly where an uninterrupted one does. Real processes, real signa
 underneath (Children.replace, ctx.await_heal through harness.heal.rejoin) used directly."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import kill_quietly
+from conftest import ROOT, kill_quietly
 from harness import ChildFailed, Parent
 from harness.metrics import read_metrics
 from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
@@ -154,3 +155,18 @@ def test_replace_needs_a_group_forked_to_heal():
         kids = parent.fork(1)
         with pytest.raises(RuntimeError, match="heal=True"):
             kids.replace(0)
+
+
+def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_left():
+    """scripts/soak_heal.py: 2 runs, 10 signals each (SIGKILL and SIGSTOP at random moments)."""
+    spec = importlib.util.spec_from_file_location("soak_heal", ROOT / "scripts" / "soak_heal.py")
+    soak_heal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak_heal)
+    rows = soak_heal.soak(runs=2, kills=10)
+
+    assert sum(row["kills"] for row in rows) == 20
+    assert {"SIGKILL", "SIGSTOP"} <= {s for row in rows for s in row["signals"]}
+    for row in rows:
+        assert row["finished"] and not row["hung"] and row["orphans"] == 0, row
+        assert row["max_abs_diff_vs_uninterrupted"] == 0.0, row
+        assert row["steps_lost_max"] is None or row["steps_lost_max"] <= 1, row

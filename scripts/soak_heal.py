@@ -1,0 +1,197 @@
+"""Soak test of healing in place: kill workers of a running Train.py again and again, then check that
+the run finished exactly where an uninterrupted one does.
+
+    python scripts/soak_heal.py --runs 2 --kills 10 --out bench/results/soak.jsonl
+
+Each run trains the same CPU (gloo) job with --max-restarts equal to the kills. Whenever training has
+gone on after the last heal, a random worker gets SIGKILL or SIGSTOP (a hang: the parent kills it
+after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
+parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
+recover_s_median / recover_s_max (from the signal to the workers' report that training goes on),
+steps_lost_max, max_abs_diff_vs_uninterrupted, restarts (heals that fell back to a checkpoint
+restart), orphans (processes of the run left after it), hung (the run did not end in time).
+tests/test_heal.py runs it in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = '''
+import time
+import torch
+
+class Slow(torch.nn.Linear):
+    """A linear model whose forward pass takes ``delay`` seconds: signals land mid-training."""
+    def __init__(self, inputs, outputs, delay):
+        super().__init__(inputs, outputs)
+        self.delay = delay
+
+    def forward(self, x):
+        time.sleep(self.delay)
+        return super().forward(x.flatten(1))
+
+def model(info, delay=0.02):
+    return Slow(64, info.num_classes, delay)
+'''
+RUN_TIMEOUT = 600.0
+
+
+def flags(work: Path, name: str, steps: int, workers: int, kills: int) -> list[str]:
+    return ["--model", "soak_model:model", "--batch-size", "8", "--cpu-workers", str(workers),
+            "--max-steps", str(steps), "--save", str(work / f"{name}.pt"), "--log-dir", str(work / name),
+            "--save-every-steps", "50", "--heartbeat-timeout", "2",
+            *(["--max-restarts", str(kills), "--heal", "on"] if kills else [])]
+
+
+def start(work: Path, args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, str(ROOT / "Train.py"), *args], cwd=work, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def records(log_dir: Path) -> list[dict]:
+    path = log_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def workers(session: int) -> list[int]:
+    """The training workers of the run whose session is ``session``."""
+    return [pid for pid in in_session(session) if b"harness.child" in _read(f"/proc/{pid}/cmdline")]
+
+
+def in_session(session: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != session:
+            fields = _read(f"/proc/{name}/stat").rsplit(b")", 1)[-1].split()
+            if len(fields) > 3 and int(fields[3]) == session:
+                found.append(int(name))
+    return found
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def soak_run(work: Path, name: str, steps: int, workers_n: int, kills: int, rng: random.Random) -> dict:
+    process = start(work, flags(work, name, steps, workers_n, kills))
+    log_dir, signalled, stopped = work / name, [], []
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while len(signalled) < kills and process.poll() is None and time.monotonic() < deadline:
+        events = [r["event"] for r in records(log_dir)]
+        healed = events.count("recovered") + events.count("restart")
+        last = max((i for i, e in enumerate(events) if e in ("recovered", "restart")), default=-1)
+        if healed < len(signalled) or "step" not in events[last + 1:]:
+            time.sleep(0.05)
+            continue
+        time.sleep(rng.uniform(0.0, 0.3))
+        pids = workers(process.pid)
+        if not pids:
+            continue
+        victim, sig = rng.choice(pids), rng.choice([signal.SIGKILL, signal.SIGSTOP])
+        os.kill(victim, sig)
+        signalled.append((time.time(), sig.name))
+        if sig == signal.SIGSTOP:
+            stopped.append(victim)
+    hung = False
+    try:
+        _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        hung = True
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    orphans = in_session(process.pid)
+    for pid in orphans:
+        os.kill(pid, signal.SIGKILL)
+    found = records(log_dir)
+    heals = [r for r in found if r["event"] == "recovered"]
+    # Kill to training resumed: from each signal to the first heal (or restart) reported after it.
+    recover = []
+    for when, _ in signalled:
+        after = [r["time"] for r in found if r["event"] in ("recovered", "restart") and r["time"] >= when]
+        if after:
+            recover.append(min(after) - when)
+    messages = [line for line in err.splitlines() if "update/s" not in line and line.strip()]
+    return {"process_status": process.returncode, "stderr_tail": messages[-3:], "hung": hung,
+            "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
+            "steps_lost": [r["steps_lost"] for r in heals],
+            "restarts": sum(r["event"] == "restart" for r in found)}
+
+
+def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0) -> list[dict]:
+    """The soak's rows, one per run (see the module's docstring)."""
+    rng = random.Random(seed)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        work = Path(tmp)
+        (work / "soak_model.py").write_text(MODEL)
+        straight = start(work, flags(work, "straight", steps, workers_n, 0))
+        _, err = straight.communicate(timeout=RUN_TIMEOUT)
+        if straight.returncode != 0:
+            raise RuntimeError(f"the uninterrupted run failed:\n{err}")
+        expected = torch.load(work / "straight.pt", map_location="cpu", weights_only=False)["model"]
+        for run in range(runs):
+            name = f"soak-{run}"
+            result = soak_run(work, name, steps, workers_n, kills, rng)
+            saved = work / f"{name}.pt"
+            diff, finished = None, False
+            if result["process_status"] == 0 and saved.exists():
+                final = torch.load(saved, map_location="cpu", weights_only=False)
+                diff = max((final["model"][k].double() - v.double()).abs().max().item() for k, v in expected.items())
+                finished = final["step"] == steps
+            recover = result["recover"]
+            rows.append({"model": "soak_model (Linear 64x10 on digits)", "gpus": 0, "workers": workers_n,
+                         "backend": "gloo", "kills": len(result["signals"]), "signals": result["signals"],
+                         "recover_s_median": statistics.median(recover) if recover else None,
+                         "recover_s_max": max(recover) if recover else None,
+                         "steps_lost_max": max(result["steps_lost"], default=None),
+                         "max_abs_diff_vs_uninterrupted": diff, "restarts": result["restarts"],
+                         "finished": finished,
+                         "orphans": result["orphans"], "hung": result["hung"], "stderr_tail": result["stderr_tail"]})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--kills", type=int, default=10, help="signals per run")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="append the JSON rows to this file")
+    args = p.parse_args()
+    rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed)
+    for row in rows:
+        line = json.dumps(row)
+        print(line)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
