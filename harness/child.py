@@ -7,7 +7,7 @@ The child then serves: it waits for ``exec`` messages, runs each shipped functio
 
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
 ("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None).
-Child -> parent: ("hello", None, pid), ("ready", None, None) once its preloads are imported,
+Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,
 ("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
@@ -223,7 +223,7 @@ class Context:
     # -- the serve loop ------------------------------------------------------------------------
 
     def serve(self, preload: Sequence[str] = ()) -> None:
-        self._link.send(("hello", None, os.getpid()))
+        self._link.send(("hello", None, not preload))
         self._link.start()
         self._preloading = True
         for module in preload:      # while the parent still prepares the first exec
@@ -279,10 +279,16 @@ def _connect(ctx: Context, endpoint: str, key: bytes):
     import zmq
     from .link import Link
     socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.IDENTITY, str(ctx.rank).encode())
+    socket.setsockopt(zmq.IDENTITY, identity_of(ctx.rank, ctx.generation))
     socket.setsockopt(zmq.LINGER, 10_000)
     socket.connect(endpoint)
     return Link(socket, key, ctx.dispatch, ctx.housekeeping)
+
+
+def identity_of(rank: int, generation: int) -> bytes:
+    """A child's ZeroMQ identity: its rank, and the generation it was started in (a replacement's
+    identity is new, so no other peer can take over a rank's by connecting under its name)."""
+    return f"{rank}:{generation}".encode() if generation else str(rank).encode()
 
 
 def _record_signal(signum: int, _frame: Any) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import zmq
 
 from . import placement, wire
+from .child import identity_of
 from .link import Link
 
 log = logging.getLogger("harness")
@@ -74,8 +75,8 @@ def _describe_exit(returncode: int) -> str:
 class _Child:
     """Bookkeeping for one child process."""
 
-    def __init__(self, rank: int, process: subprocess.Popen):
-        self.rank = rank
+    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes):
+        self.rank, self.identity = rank, identity
         self.process = process
         self.pid = process.pid
         self.connected = False
@@ -258,7 +259,7 @@ class Children:
         for rank, obj in items:
             message = obj if raw else ("data", self._exec_id, obj)
             try:
-                trackers.append(self._link.send(message, to=_identity(rank)))
+                trackers.append(self._link.send(message, to=self._children[rank].identity))
             except zmq.ZMQError as error:
                 if error.errno != zmq.EHOSTUNREACH:
                     raise
@@ -323,10 +324,10 @@ class Children:
     def _start(self, rank: int, env: dict[str, str]) -> _Child:
         process = subprocess.Popen([sys.executable, "-m", "harness.child"], env=env,
                                    stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        return _Child(rank, process)
+        return _Child(rank, process, identity_of(rank, int(env.get("HARNESS_GENERATION", "0"))))
 
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
-        rank = _rank_of(sender, len(self._children))
+        rank = _rank_of(sender, [c.identity for c in self._children])
         if rank is None:
             log.warning("dropped a message from unknown peer %r", sender)
             return
@@ -334,7 +335,7 @@ class Children:
         child.last_seen = time.monotonic()
         kind, ident, payload = message
         if kind == "hello":
-            child.connected = True
+            child.connected, child.ready = True, bool(payload)
         elif kind == "ready":
             child.ready = True
         elif kind == "print":
@@ -385,7 +386,7 @@ class Children:
 
     def _send_if_alive(self, child: _Child, message: tuple) -> None:
         try:
-            self._link.send(message, to=_identity(child.rank))
+            self._link.send(message, to=child.identity)
         except zmq.ZMQError as error:
             if error.errno != zmq.EHOSTUNREACH:     # the child is gone: nothing to tell it
                 raise
@@ -426,16 +427,12 @@ class Children:
             raise ChildFailed(late[0], f"did not connect within {START_TIMEOUT:.0f} s (ranks {late})")
 
 
-def _identity(rank: int) -> bytes:
-    return str(rank).encode()
-
-
-def _rank_of(identity: bytes | None, n: int) -> int | None:
+def _rank_of(identity: bytes | None, identities: list[bytes]) -> int | None:
+    """The rank of the child that has this identity now (a replaced child's old one is nobody's)."""
     try:
-        rank = int(identity)
-    except (TypeError, ValueError):
+        return identities.index(identity)
+    except ValueError:
         return None
-    return rank if 0 <= rank < n else None
 
 
 class Parent:
@@ -465,7 +462,6 @@ class Parent:
         endpoint = f"ipc://{self._dir}/group-{next(self._count)}"
         socket = self._context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)        # a replacement child takes over its rank's identity
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(endpoint)
         threads = max(1, (os.cpu_count() or 1) // n)
