@@ -65,7 +65,7 @@ class Context:
         self._tags: dict[str, int] = {}
         self.generation = int(os.environ.get("HARNESS_GENERATION", "0"))
         # A replacement's heal notice ({"generation", "replaced"}): the exec it joins is under way.
-        self.replacing: dict | None = {"generation": self.generation} if self.generation else None
+        self.replacing: dict | None = {"generation": self.generation, "replaced": rank} if self.generation else None
         self._heal_notice: dict | None = None
         self._stopping = False
         self._running = False
@@ -277,18 +277,12 @@ class Context:
 
 def _connect(ctx: Context, endpoint: str, key: bytes):
     import zmq
-    from .link import Link
+    from .link import Link, identity_of
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.IDENTITY, identity_of(ctx.rank, ctx.generation))
     socket.setsockopt(zmq.LINGER, 10_000)
     socket.connect(endpoint)
     return Link(socket, key, ctx.dispatch, ctx.housekeeping)
-
-
-def identity_of(rank: int, generation: int) -> bytes:
-    """A child's ZeroMQ identity: its rank, and the generation it was started in (a replacement's
-    identity is new, so no other peer can take over a rank's by connecting under its name)."""
-    return f"{rank}:{generation}".encode() if generation else str(rank).encode()
 
 
 def _record_signal(signum: int, _frame: Any) -> None:

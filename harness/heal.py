@@ -50,19 +50,18 @@ class Where:
     stale: int
 
 
-def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GRACE) -> tuple[Any, dict] | None:
+def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GRACE) -> Any | None:
     """After ``error`` (a failed collective, say) was raised on this rank: if the parent reports a dead
-    peer, wait for its replacement and return (a communicator over the new generation, the heal
-    notice). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
+    peer, wait for its replacement and return a communicator over the new generation (``ctx.generation``
+    says which). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
     re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser)."""
     # The error's frames hold the failed work handles, which hold the process group's sockets open.
     traceback.clear_frames(error.__traceback__)
     ctx.release(comm)
     gc.collect()
-    notice = ctx.await_heal(grace)
-    if notice is None:
+    if ctx.await_heal(grace) is None:
         return None
-    return ctx.communicator(), notice
+    return ctx.communicator()
 
 
 def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.Optimizer,

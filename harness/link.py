@@ -27,6 +27,12 @@ TICK = 0.1   # seconds between housekeeping passes, and the longest a blocked wa
 _SNDMORE, _EVENTS, _POLLIN = int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
+def identity_of(rank: int, generation: int) -> bytes:
+    """A child's ZeroMQ identity: its rank, and the generation it was started in (a replacement's
+    identity is new, so no other peer can take over a rank's by connecting under its name)."""
+    return f"{rank}:{generation}".encode() if generation else str(rank).encode()
+
+
 class Link:
     def __init__(self, socket: zmq.Socket, key: bytes,
                  dispatch: Callable[[bytes | None, Any], None], housekeeping: Callable[[], None]):

@@ -34,8 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import zmq
 
 from . import placement, wire
-from .child import identity_of
-from .link import Link
+from .link import Link, identity_of
 
 log = logging.getLogger("harness")
 
@@ -131,7 +130,7 @@ class Children:
         self._failure: ChildFailed | None = None
         self._stopping = False
         self._link = Link(socket, key, self._dispatch, self._housekeeping)
-        self._children: list[_Child] = [self._start(rank, env) for rank, env in enumerate(environments)]
+        self._children: list[_Child] = [self._start(rank) for rank in range(n)]
         self._link.start()
         self._await_connections()
 
@@ -212,10 +211,11 @@ class Children:
         old.reader.join(timeout=1.0)
         ended = [c.rank for c in self._children if c.rank != rank and c.outcome and c.outcome[0] == self._exec_id]
         if ended:
-            self._give_up(ChildFailed(rank, f"{self._failure_reason(rank)}, and could not be healed: rank "
-                                            f"{ended[0]}'s function had already ended", old.stderr_tail))
+            reason = self._failure.reason if self._failure is not None and self._failure.rank == rank else "failed"
+            self._give_up(ChildFailed(rank, f"{reason}, and could not be healed: rank {ended[0]}'s function had "
+                                            f"already ended", old.stderr_tail))
         self._generation += 1
-        child = self._start(rank, {**self._environments[rank], "HARNESS_GENERATION": str(self._generation)})
+        child = self._start(rank, self._generation)
         child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
         self._children[rank] = child
         self._failure, self._first_error = None, None
@@ -318,13 +318,12 @@ class Children:
         self.stop(grace=1.0)
         raise failure
 
-    def _failure_reason(self, rank: int) -> str:
-        return self._failure.reason if self._failure is not None and self._failure.rank == rank else "failed"
-
-    def _start(self, rank: int, env: dict[str, str]) -> _Child:
+    def _start(self, rank: int, generation: int = 0) -> _Child:
+        """Start the child process of ``rank``; a replacement is started in a later ``generation``."""
+        env = {**self._environments[rank], "HARNESS_GENERATION": str(generation)}
         process = subprocess.Popen([sys.executable, "-m", "harness.child"], env=env,
                                    stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        return _Child(rank, process, identity_of(rank, int(env.get("HARNESS_GENERATION", "0"))))
+        return _Child(rank, process, identity_of(rank, generation))
 
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
         rank = _rank_of(sender, [c.identity for c in self._children])

@@ -196,6 +196,10 @@ def train_worker(ctx: Any, config: dict) -> dict:
         stream = itertools.chain([example], stream)
     scheduled = not is_constant(config["lr_schedule"], config["warmup_steps"])   # a graph would freeze the lr
 
+    def reseed(*where: int) -> None:
+        """This rank's generators, from (seed, rank, *where): each rank's own, the same after a resume."""
+        torch.manual_seed(hash((config["seed"], rank, *where)) & (2**63 - 1))
+
     def attach(start: bool) -> tuple[Synchroniser, StopVote, Any]:
         """What keeps this rank in step through ``comm``: the synchroniser (``start``: first making every
         replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator)."""
@@ -219,7 +223,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             epoch, position = epoch + 1, 0
         sync, vote, train_step = attach(start=False)
         stream, saved_at = None, step
-        torch.manual_seed(hash((config["seed"], rank, epoch, step)) & (2**63 - 1))
+        reseed(epoch, step)
         if lead:
             ctx.send({"event": "healed", "step": step, "epoch": epoch, "generation": ctx.generation,
                       "hand_over_s": time.monotonic() - began, "mode": config["mode"], **summary})
@@ -237,7 +241,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
     while step < total and stop is None:
         try:
             if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
-                torch.manual_seed(hash((config["seed"], rank, epoch)) & (2**63 - 1))
+                reseed(epoch)
             stream = stream or batches.epoch(epoch, position)
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
             epoch_start, val_error, done = time.monotonic(), None, 0
@@ -289,10 +293,9 @@ def train_worker(ctx: Any, config: dict) -> dict:
             if not config["heal"]:
                 raise
             sync.close()
-            rejoined = rejoin(ctx, comm, error)
-            if rejoined is None:
+            comm = rejoin(ctx, comm, error)
+            if comm is None:
                 raise
-            comm = rejoined[0]
             heal(Where(epoch, step, position, best_error, stale))
 
     sync.finish()

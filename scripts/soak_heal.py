@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = '''
+SLOW_MODEL = '''
 import time
 import torch
 
 class Slow(torch.nn.Linear):
-    """A linear model whose forward pass takes ``delay`` seconds: signals land mid-training."""
+    """A linear model whose forward pass takes ``delay`` seconds, so that signals land mid-training
+    (the soak here, and the tests of signals, restarts and healing)."""
     def __init__(self, inputs, outputs, delay):
         super().__init__(inputs, outputs)
         self.delay = delay
@@ -43,14 +44,14 @@ class Slow(torch.nn.Linear):
         time.sleep(self.delay)
         return super().forward(x.flatten(1))
 
-def model(info, delay=0.02):
+def model(info, delay=0.25):
     return Slow(64, info.num_classes, delay)
 '''
 RUN_TIMEOUT = 600.0
 
 
 def flags(work: Path, name: str, steps: int, workers: int, kills: int) -> list[str]:
-    return ["--model", "soak_model:model", "--batch-size", "8", "--cpu-workers", str(workers),
+    return ["--model", "soak_model:model", "--model-options", '{"delay": 0.02}', "--batch-size", "8", "--cpu-workers", str(workers),
             "--max-steps", str(steps), "--save", str(work / f"{name}.pt"), "--log-dir", str(work / name),
             "--save-every-steps", "50", "--heartbeat-timeout", "2",
             *(["--max-restarts", str(kills), "--heal", "on"] if kills else [])]
@@ -148,7 +149,7 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
     rows = []
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(tmp)
-        (work / "soak_model.py").write_text(MODEL)
+        (work / "soak_model.py").write_text(SLOW_MODEL)
         straight = start(work, flags(work, "straight", steps, workers_n, 0))
         _, err = straight.communicate(timeout=RUN_TIMEOUT)
         if straight.returncode != 0:

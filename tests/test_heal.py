@@ -4,7 +4,6 @@ the run ends exactly where an uninterrupted one does. Real processes, real signa
 underneath (Children.replace, ctx.await_heal through harness.heal.rejoin) used directly."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -13,9 +12,10 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, kill_quietly
+from conftest import kill_quietly
 from harness import ChildFailed, Parent
 from harness.metrics import read_metrics
+from scripts.soak_heal import soak
 from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
 from test_recovery import workers_of
 from test_train import flat_params, run_train
@@ -124,10 +124,9 @@ def count_to(ctx, n: int, pause: float) -> tuple[int, int, int]:
                 ctx.send("counting")
             time.sleep(pause)
         except RuntimeError as error:
-            rejoined = rejoin(ctx, comm, error)
-            if rejoined is None:
+            comm, heals = rejoin(ctx, comm, error), heals + 1
+            if comm is None:
                 raise
-            comm, heals = rejoined[0], heals + 1
             step = agree(ctx, step)
     return step, heals, ctx.generation
 
@@ -159,10 +158,7 @@ def test_replace_needs_a_group_forked_to_heal():
 
 def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_left():
     """scripts/soak_heal.py: 2 runs, 10 signals each (SIGKILL and SIGSTOP at random moments)."""
-    spec = importlib.util.spec_from_file_location("soak_heal", ROOT / "scripts" / "soak_heal.py")
-    soak_heal = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak_heal)
-    rows = soak_heal.soak(runs=2, kills=10)
+    rows = soak(runs=2, kills=10)
 
     assert sum(row["kills"] for row in rows) == 20
     assert {"SIGKILL", "SIGSTOP"} <= {s for row in rows for s in row["signals"]}

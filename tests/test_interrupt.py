@@ -9,31 +9,14 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from conftest import ROOT, descendants, kill_quietly, wait_gone
 from harness import Parent
+from scripts.soak_heal import SLOW_MODEL
 from test_train import flat_params, run_train
-
-SLOW_MODEL = textwrap.dedent("""
-    import time
-    import torch
-
-    class Slow(torch.nn.Linear):
-        def __init__(self, inputs, outputs, delay):
-            super().__init__(inputs, outputs)
-            self.delay = delay
-
-        def forward(self, x):
-            time.sleep(self.delay)
-            return super().forward(x.flatten(1))
-
-    def model(info, delay=0.25):
-        return Slow(64, info.num_classes, delay)
-""")
 
 
 def start_train(tmp_path, *flags):
