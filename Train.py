@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import shutil
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ from harness import ChildError, ChildFailed, Children, Parent, timeline
 from harness.interrupt import Interrupted, Interrupts
 from harness.recovery import GaveUp, Recovery
 from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
-from harness.optim import OPTIMIZERS, check_options
+from harness.optim import IMPLS, OPTIMIZERS, check_options
 from harness.schedule import SCHEDULES, is_constant
 from harness.placement import resolve_gpus, visible_gpus
 
@@ -66,11 +67,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
       help="grad mode: dtype gradients are averaged in (default fp32, i.e. the gradients' own)")
     a("--optimizer", choices=OPTIMIZERS, default="sgd")
+    a("--optimizer-impl", choices=IMPLS, default=None,
+      help="fused: one kernel per update (sgd, adam, adamw, adagrad); foreach: one multi-tensor kernel per "
+           "operation (default: fused where torch has it, else foreach; ccnesterov has its own)")
     a("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
     a("--momentum", type=float, default=None, help="sgd momentum (default 0.9 for sgd)")
     a("--nesterov", action="store_true", help="sgd: Nesterov momentum")
     a("--weight-decay", type=float, default=0.0)
-    a("--batch-size", type=int, default=32, help="per worker (default 32)")
+    a("--batch-size", type=int, default=32, help="per worker and micro-batch (default 32)")
+    a("--grad-accum", type=int, default=1, metavar="K",
+      help="micro-batches per update (default 1): each worker accumulates K micro-batches' gradients and they "
+           "are averaged across workers once per update, so N workers x K x --batch-size b train exactly as "
+           "one worker with batch N*K*b; with --cuda-graph the whole update is one graph")
     a("--epochs", type=int, default=10)
     a("--max-steps", type=int, default=None, help="train this many updates in all (overrides --epochs)")
     a("--val-fraction", type=float, default=0.1, help="share of the training set held out for validation")
@@ -100,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "freeze the rate): a schedule or warm-up runs eagerly")
     a("--warmup-steps", type=int, default=0, help="updates over which the learning rate rises linearly to --lr")
     a("--min-lr", type=float, default=0.0, help="where the schedule ends (default 0)")
+    a("--compile", action="store_true",
+      help="torch.compile the model for the training step (the first updates wait for the compiler; "
+           "evaluation runs eagerly). Not with --cuda-graph: a compiled model trains without one")
     a("--clip-grad", type=float, default=None, metavar="NORM",
       help="clip the averaged gradients to this global norm before each update (the norm before clipping "
            "goes into the log as grad_norm)")
@@ -179,7 +190,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         raise ConfigError(f"unknown model '{args.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
     gpus, workers = launch_plan(args)
-    for name in ("batch_size", "epochs", "avg_every"):
+    for name in ("batch_size", "grad_accum", "epochs", "avg_every"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
@@ -199,6 +210,12 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
     if args.cuda_graph and not is_constant(args.lr_schedule, args.warmup_steps):
         raise ConfigError("--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
                           "every update; drop one of them")
+    if args.compile and args.cuda_graph:
+        raise ConfigError("--compile and --cuda-graph do not combine: a replayed graph would skip the compiled "
+                          "model's guards and recompiles; drop --cuda-graph (a compiled model trains without one)")
+    if args.compile and not gpus and not shutil.which("g++"):
+        raise ConfigError("--compile on CPU workers needs a C++ compiler for torch's CPU code: install g++ "
+                          "(e.g. apt-get install g++) or drop --compile")
     if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
     if not 0 <= args.val_fraction < 1:
@@ -207,7 +224,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         raise ConfigError(f"--data-workers must not be negative, got {args.data_workers}")
     momentum = args.momentum if args.momentum is not None else (0.9 if args.optimizer == "sgd" else 0.0)
     try:
-        check_options(args.optimizer, args.lr, momentum, args.weight_decay, args.nesterov)
+        check_options(args.optimizer, args.lr, momentum, args.weight_decay, args.nesterov, args.optimizer_impl)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     config = {
@@ -215,15 +232,17 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "dataset": args.dataset, "dataset_options": json_option("dataset-options", args.dataset_options),
         "data_dir": args.data_dir, "mode": args.mode, "avg_every": args.avg_every,
         "avg_optimizer_state": args.avg_optimizer_state, "grad_sync": args.grad_sync,
-        "bucket_mb": args.bucket_mb, "reduce_dtype": args.reduce_dtype, "optimizer": args.optimizer, "lr": args.lr,
+        "bucket_mb": args.bucket_mb, "reduce_dtype": args.reduce_dtype, "optimizer": args.optimizer,
+        "optimizer_impl": args.optimizer_impl, "lr": args.lr,
         "momentum": momentum, "nesterov": args.nesterov, "weight_decay": args.weight_decay,
-        "batch_size": args.batch_size, "epochs": args.epochs, "max_steps": args.max_steps,
+        "batch_size": args.batch_size, "grad_accum": args.grad_accum, "epochs": args.epochs, "max_steps": args.max_steps,
         "val_fraction": args.val_fraction,
         "validate_every": args.validate_every, "target_error": args.target_error, "patience": args.patience,
         "save": args.save or None, "save_every": args.save_every, "save_every_steps": args.save_every_steps,
         "resume": args.resume, "seed": args.seed, "max_restarts": args.max_restarts,
         "heal": heals_in_place(args, gpus),
-        "amp": args.amp, "tf32": args.tf32, "cuda_graph": args.cuda_graph, "log_dir": args.log_dir,
+        "amp": args.amp, "tf32": args.tf32, "cuda_graph": False if args.compile else args.cuda_graph,
+        "compile": args.compile, "log_dir": args.log_dir,
         "lr_schedule": args.lr_schedule, "warmup_steps": args.warmup_steps, "min_lr": args.min_lr,
         "clip_grad": args.clip_grad, "tensorboard": args.tensorboard,
         "workers": workers, "mps": args.mps,
@@ -249,12 +268,13 @@ def check_inputs(config: dict) -> None:
             raise ConfigError(str(e)) from None
         shape = ("model", "model_options", "dataset", "dataset_options", "optimizer")
         if saved.get("position"):       # mid-epoch: the rest of the epoch's order depends on these too
-            shape += ("seed", "batch_size", "workers", "samples")
-        differ = [k for k in shape if saved["config"].get(k) != config[k]]
+            shape += ("seed", "batch_size", "grad_accum", "workers", "samples")
+        before = {"grad_accum": 1, **saved["config"]}       # checkpoints from before --grad-accum
+        differ = [k for k in shape if before.get(k) != config[k]]
         if differ:
             raise ConfigError(f"--resume {config['resume']} was trained with "
-                              + ", ".join(f"a training set of {saved['config'].get(k)} samples" if k == "samples"
-                                          else f"--{k.replace('_', '-')} {saved['config'].get(k)!r}" for k in differ)
+                              + ", ".join(f"a training set of {before.get(k)} samples" if k == "samples"
+                                          else f"--{k.replace('_', '-')} {before.get(k)!r}" for k in differ)
                               + "; pass the same values to continue it"
                               + (" (it stopped mid-epoch)" if saved.get("position") else ""))
 
@@ -275,9 +295,10 @@ def _check_data_and_model(config: dict) -> int:
     except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
         raise ConfigError(str(e).splitlines()[0]) from None
     shard = samples // config["workers"]
-    if config["batch_size"] > shard:
-        raise ConfigError(f"--batch-size {config['batch_size']} is larger than a worker's shard ({shard} samples "
-                          f"of {samples} over {config['workers']} workers); use at most {shard}")
+    if config["batch_size"] * config["grad_accum"] > shard:
+        accum = f" x --grad-accum {config['grad_accum']}" if config["grad_accum"] > 1 else ""
+        raise ConfigError(f"--batch-size {config['batch_size']}{accum} is larger than a worker's shard ({shard} "
+                          f"samples of {samples} over {config['workers']} workers); use at most {shard} in all")
     return samples
 
 
@@ -369,7 +390,7 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
     ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end.
     ``interrupts``: the handlers of SIGINT and SIGTERM, told about the workers once they exist."""
     marks = marks if marks is not None else timeline.start("checked")
-    steps_per_epoch = config["samples"] // config["workers"] // config["batch_size"]
+    steps_per_epoch = config["samples"] // config["workers"] // (config["batch_size"] * config["grad_accum"])
     log = MetricsLog(config["log_dir"], tensorboard=config["tensorboard"])
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config, lambda: progress.saved, progress.handle)

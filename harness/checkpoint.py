@@ -56,7 +56,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except Exception as error:  # torch.load raises many types for garbage, truncation and bad pickles
         raise CheckpointError(
             f"checkpoint {path} is not a readable checkpoint (truncated, corrupt or not written by "
-            f"torch.save): {error}"
+            f"torch.save): {_reason(error)}"
         ) from error
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
@@ -140,3 +140,12 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"].cpu())
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def _reason(error: Exception) -> str:
+    """torch.load's error in one line: for a file it cannot unpickle safely, torch wraps the cause
+    ("Unsupported operand 110") in a paragraph about ``weights_only``, which is beside the point."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
+    return " ".join(text.split()) or type(error).__name__

@@ -1,5 +1,11 @@
 """Optimizer registry, including the old Lua harness's accelerated Nesterov method (ccnesterov.py).
 
+Each torch optimizer comes in up to three implementations of the same arithmetic: a loop over
+parameters, ``foreach`` (one multi-tensor kernel per operation over all parameters) and ``fused``
+(one kernel for the whole update). ``impl=None`` picks the fastest one torch has for the optimizer:
+fused where it exists (SGD, Adam, AdamW, Adagrad), else foreach. Measured: AdamW on 12M CPU
+parameters, 11 ms fused vs 86 ms foreach; the GPU figures are in bench/results/.
+
 The names and the checks need no torch: Train.py's parent reads its flags before it imports torch,
 so that the workers, started at once, import it while the parent does.
 """
@@ -12,6 +18,8 @@ if TYPE_CHECKING:
     import torch
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw", "adagrad", "adadelta", "ccnesterov")
+IMPLS: tuple[str, ...] = ("fused", "foreach")
+FUSED: tuple[str, ...] = ("sgd", "adam", "adamw", "adagrad")       # the optimizers torch has fused kernels for
 
 
 def build_optimizer(
@@ -21,27 +29,43 @@ def build_optimizer(
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     nesterov: bool = False,
+    impl: str | None = None,
 ) -> torch.optim.Optimizer:
-    """Build `name`; options it would ignore are refused, so a run never silently lacks a requested setting."""
+    """Build `name`; options it would ignore are refused, so a run never silently lacks a requested setting.
+    ``impl``: "fused" or "foreach" (None: the fastest there is for `name`; see the module's docstring)."""
     import torch
 
     from .ccnesterov import CCNesterov
-    check_options(name, lr, momentum, weight_decay, nesterov)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    check_options(name, lr, momentum, weight_decay, nesterov, impl)
     if name == "ccnesterov":
         return CCNesterov(params, lr=lr, weight_decay=weight_decay)
+    kernels = {"fused": True} if (impl or default_impl(name)) == "fused" else {"foreach": True}
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                               **kernels)
     others = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "adagrad": torch.optim.Adagrad,
               "adadelta": torch.optim.Adadelta}
-    return others[name](params, lr=lr, weight_decay=weight_decay)
+    return others[name](params, lr=lr, weight_decay=weight_decay, **kernels)
+
+
+def default_impl(name: str) -> str | None:
+    """The implementation ``impl=None`` builds: None for ccnesterov, which has only its own."""
+    return None if name == "ccnesterov" else "fused" if name in FUSED else "foreach"
 
 
 def check_options(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                  nesterov: bool = False) -> None:
+                  nesterov: bool = False, impl: str | None = None) -> None:
     """What build_optimizer refuses, without building one: the first optimizer a process builds
     imports torch._dynamo (about 1.8 s), which a parent that only checks the flags need not pay."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; valid names: {', '.join(OPTIMIZERS)}")
+    if impl is not None and impl not in IMPLS:
+        raise ValueError(f"unknown optimizer implementation '{impl}'; valid names: {', '.join(IMPLS)}")
+    if impl == "fused" and name not in FUSED:
+        raise ValueError(f"torch has no fused {name}; fused optimizers: {', '.join(FUSED)} (or drop "
+                         "--optimizer-impl for the fastest implementation there is)")
+    if impl is not None and name == "ccnesterov":
+        raise ValueError(f"ccnesterov has a single implementation; drop --optimizer-impl {impl}")
     if lr <= 0:
         raise ValueError(f"lr={lr} is invalid; use a learning rate > 0")
     if name != "sgd" and (momentum or nesterov):
@@ -52,3 +76,21 @@ def check_options(name: str, lr: float, momentum: float = 0.0, weight_decay: flo
         raise ValueError(f"momentum={momentum}, weight_decay={weight_decay}: neither may be negative")
     if nesterov and momentum <= 0:
         raise ValueError(f"nesterov needs momentum > 0, got momentum={momentum}; set momentum (e.g. 0.9)")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """``optimizer.load_state_dict(saved)``, keeping this run's implementation. torch takes every group
+    setting from the saved state, so a checkpoint written by a foreach run would resume as foreach
+    whatever --optimizer-impl says; and a fused or capturable update wants its step count on the
+    parameters' device, in float32, where a CPU-written checkpoint has it on the host."""
+    import torch
+
+    kept = [{k: group[k] for k in ("foreach", "fused", "capturable") if k in group} for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, settings in zip(optimizer.param_groups, kept):
+        group.update(settings)
+        if settings.get("fused") or settings.get("capturable"):
+            for param in group["params"]:
+                state = optimizer.state.get(param, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(param.device, torch.float32)

@@ -10,6 +10,11 @@ Warm-up runs on a side stream, as graph capture requires, and also creates the o
 (momentum buffers) before capture so that their addresses are fixed. Then it is undone
 (``Rewind``), so a graphed run trains exactly as an eager one: same updates, same checkpoints.
 
+With ``accum=K`` (--grad-accum) a step is one update from K micro-batches: the batch it is given
+(K times the per-worker batch) is cut into K chunks, each chunk's loss is divided by K and
+backpropagated, and only the last backward synchronises (``Synchroniser.no_sync``). Graphed, the
+whole update, all K forward and backward passes, is one graph.
+
 ``make_step`` decides: ``cuda_graph=None`` (Train.py's default) graphs wherever it can (GPU workers,
 an optimizer without host-side state, a communicator without host signalling, a model that
 captures) and otherwise runs eagerly, saying why once; ``True`` is the same, asked for by name;
@@ -31,21 +36,34 @@ WARMUP_STEPS = 3
 class TrainStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: FlatParameters,
                  sync: Synchroniser, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 autocast: Callable[[], Any], clip: float | None = None):
+                 autocast: Callable[[], Any], clip: float | None = None, accum: int = 1):
         self.model, self.optimizer, self.flat, self.sync = model, optimizer, flat, sync
-        self.loss_fn, self.autocast, self.clip = loss_fn, autocast, clip
+        self.loss_fn, self.autocast, self.clip, self.accum = loss_fn, autocast, clip, accum
         self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One update; returns the (detached) loss tensor without synchronising the device."""
-        with self.autocast():
-            loss = self.loss_fn(self.model(x), y)
+        """One update; returns the (detached) mean loss without synchronising the device."""
         self.flat.zero_grad()
-        loss.backward()
+        if self.accum == 1:
+            loss = self.backward(x, y)
+        else:
+            parts = list(zip(x.chunk(self.accum), y.chunk(self.accum)))
+            with self.sync.no_sync():
+                loss = sum(self.backward(xm, ym) for xm, ym in parts[:-1])
+            loss = loss + self.backward(*parts[-1])
         self.sync.after_backward()
         if self.clip is not None:
             self.grad_norm = clip_grad_norm(self.flat.grads, self.clip)
         self.optimizer.step()
+        return loss
+
+    def backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward on one (micro-)batch, accumulating into the flat gradients."""
+        with self.autocast():
+            loss = self.loss_fn(self.model(x), y)
+        if self.accum > 1:
+            loss = loss / self.accum
+        loss.backward()
         return loss.detach()
 
 
@@ -92,9 +110,9 @@ class Rewind:
 
 
 class GraphedTrainStep(TrainStep):
-    def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor], clip: float | None = None):
+    def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor], **options: Any):
         """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
-        super().__init__(*args, clip=clip)
+        super().__init__(*args, **options)
         self.x, self.y = (t.clone() for t in example)
         rewind = Rewind(self.model, self.optimizer)
         side = torch.cuda.Stream()
@@ -122,12 +140,13 @@ class GraphedTrainStep(TrainStep):
 
 def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool | None = None,
               example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print,
-              clip: float | None = None) -> TrainStep:
+              clip: float | None = None, accum: int = 1) -> TrainStep:
     """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
     otherwise an eager one, with a message saying why (asked for by name, even on the CPU).
-    ``clip``: clip the averaged gradients to this global norm before the optimizer's step."""
+    ``clip``: clip the averaged gradients to this global norm before the optimizer's step.
+    ``accum``: micro-batches per update (the batches given are ``accum`` times the micro-batch)."""
     args = (model, optimizer, flat, sync, loss_fn, autocast)
-    eager = functools.partial(TrainStep, *args, clip=clip)
+    eager = functools.partial(TrainStep, *args, clip=clip, accum=accum)
     if cuda_graph is False:
         return eager()
     if example is None or example[0].device.type != "cuda":
@@ -142,7 +161,7 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
             "replay; running eagerly")
         return eager()
     make_capturable(optimizer)
-    step = GraphedTrainStep(*args, example=example, clip=clip)
+    step = GraphedTrainStep(*args, example=example, clip=clip, accum=accum)
     problem = None
     try:
         step.capture()

@@ -14,6 +14,9 @@ per buffer, issued in the same order on every rank (out-of-order collectives dea
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from .comm import Communicator
@@ -23,6 +26,17 @@ from .flat import FlatParameters
 class Synchroniser:
     def __init__(self, comm: Communicator, flat: FlatParameters):
         self.comm, self.flat = comm, flat
+        self.syncing = True
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients (--grad-accum's first K-1 micro-batches,
+        like DDP's ``no_sync``): the micro-batch that completes the update brings every bucket in."""
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
 
     def start(self) -> None:
         """Start every replica from rank 0's parameters and buffers."""
@@ -123,6 +137,8 @@ class BucketedGradientAveraging(GradientAveraging):
         self._works: list = []
 
     def _on_gradient(self, param: torch.nn.Parameter) -> None:
+        if not self.syncing:
+            return
         self._waiting[self._owner[param]] -= 1
         while self._next < len(self.buckets) and self._waiting[self._next] <= 0:
             self._launch()

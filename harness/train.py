@@ -28,7 +28,7 @@ from .flat import FlatParameters
 from .heal import Where, hand_over, rejoin
 from .interrupt import StopVote
 from .metrics import worker_memory_mb
-from .optim import build_optimizer
+from .optim import build_optimizer, load_optimizer_state
 from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
 from .saver import BackgroundSaver
 from .schedule import is_constant, learning_rate
@@ -60,7 +60,7 @@ def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Modul
     model = make_model(config, info, device)
     optimizer = build_optimizer(config["optimizer"], model.parameters(), lr=config["lr"],
                                 momentum=config["momentum"], weight_decay=config["weight_decay"],
-                                nesterov=config["nesterov"])
+                                nesterov=config["nesterov"], impl=config["optimizer_impl"])
     if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
         make_capturable(optimizer)
     return model, optimizer
@@ -100,10 +100,13 @@ def make_synchroniser(config: dict, comm: Any, flat: FlatParameters, optimizer: 
 
 
 def make_batches(split: Any, config: dict, rank: int, world: int, device: torch.device) -> Any:
+    """An update's batches: with --grad-accum K, K micro-batches in one, which the step cuts apart. Rank r
+    takes positions r, r+N, ... of the epoch's order, so the N workers' K micro-batches together are
+    exactly one worker's batch of N*K*b."""
+    batch = config["batch_size"] * config["grad_accum"]
     if is_streamed(split):
-        return StreamedBatches(split, rank, world, config["batch_size"], config["seed"], device,
-                               config["data_workers"])
-    return ResidentBatches(split, rank, world, config["batch_size"], config["seed"], device)
+        return StreamedBatches(split, rank, world, batch, config["seed"], device, config["data_workers"])
+    return ResidentBatches(split, rank, world, batch, config["seed"], device)
 
 
 def train_worker(ctx: Any, config: dict) -> dict:
@@ -127,12 +130,15 @@ def train_worker(ctx: Any, config: dict) -> dict:
     stream = batches.epoch(epoch, position)     # loader processes start now, while the model is built
     model, optimizer = build(config, data.info, device)
     flat = FlatParameters(model)
+    # --compile: the training step runs the compiled model. It is compiled over the flat views, and the
+    # gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
+    forward = torch.compile(model) if config["compile"] else model
     timeline.mark(marks, "model")
     comm = ctx.communicator()
     timeline.mark(marks, "communicator")
     if state:
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(optimizer, state["optimizer"])
         if position:        # mid-epoch: dropout and the like go on from where the generators were
             set_rng_state(state["rng"][rank], device)
     interrupted = 0
@@ -141,6 +147,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
         raise ValueError(f"--resume {config['resume']} stopped after batch {position} of an epoch, but an epoch "
                          f"has {batches.steps_per_epoch} batches now; resume with the data it was trained on")
     total = config["max_steps"] or config["epochs"] * batches.steps_per_epoch
+    samples_per_update = config["batch_size"] * config["grad_accum"] * world
     best_error, stale = state.get("early_stop", (math.inf, 0)) if state else (math.inf, 0)
     stop, saved_at = None, step if state else None
     last_report, memory, memory_at, first = time.monotonic(), None, -math.inf, step + 1
@@ -207,9 +214,10 @@ def train_worker(ctx: Any, config: dict) -> dict:
         if start:
             sync.start()
         return sync, StopVote(ctx, comm, device), make_step(
-            model, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
+            forward, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
             False if scheduled else config["cuda_graph"], example=example,
-            say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"])
+            say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
+            accum=config["grad_accum"])
 
     def heal(where: Where | None) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the
@@ -266,7 +274,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
                     if last_report - memory_at >= MEMORY_EVERY_S:
                         memory, memory_at = worker_memory_mb(), last_report
                     ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(), "rss_mb": memory,
-                              "samples_per_s": done * config["batch_size"] * world / (last_report - epoch_start),
+                              "samples_per_s": done * samples_per_update / (last_report - epoch_start),
                               "lr": lr_at(step - 1),
                               **({"grad_norm": train_step.grad_norm.item()} if config["clip_grad"] else {})})
                 if config["validate_every"] and step % config["validate_every"] == 0:

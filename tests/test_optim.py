@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.ccnesterov import CCNesterov
-from harness.optim import OPTIMIZERS, build_optimizer
+from harness.optim import FUSED, OPTIMIZERS, build_optimizer, load_optimizer_state
 
 LR, CURVATURE = 0.1, 2.0  # f(x) = CURVATURE / 2 * |x|^2, so grad = CURVATURE * x
 
@@ -46,12 +46,44 @@ def test_sgd_gets_momentum_and_nesterov():
         ("sgd", {"nesterov": True}, "nesterov needs momentum > 0"),
         ("adam", {"momentum": 0.9}, "only to sgd"),
         ("ccnesterov", {"nesterov": True, "momentum": 0.9}, "only to sgd"),
+        ("adadelta", {"impl": "fused"}, "torch has no fused adadelta; fused optimizers: sgd, adam"),
+        ("ccnesterov", {"impl": "foreach"}, "ccnesterov has a single implementation"),
+        ("adam", {"impl": "triton"}, "unknown optimizer implementation 'triton'; valid names: fused, foreach"),
     ],
 )
 def test_bad_arguments_raise(name, kwargs, match):
     kwargs = {"lr": 0.1, **kwargs}
     with pytest.raises(ValueError, match=match):
         build_optimizer(name, [torch.nn.Parameter(torch.ones(2))], **kwargs)
+
+
+def _steps(name: str, impl: str | None, steps: int = 5) -> tuple[torch.optim.Optimizer, torch.Tensor]:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in ((7, 3), (3,), (4, 7))]
+    options = {"momentum": 0.9} if name == "sgd" else {}
+    opt = build_optimizer(name, params, lr=0.01, weight_decay=1e-3, impl=impl, **options)
+    for _ in range(steps):
+        opt.zero_grad()
+        sum(p.sin().sum() for p in params).backward()
+        opt.step()
+    return opt, torch.cat([p.detach().flatten() for p in params])
+
+
+@pytest.mark.parametrize("name", [n for n in OPTIMIZERS if n != "ccnesterov"])
+def test_implementations_compute_the_same_update_and_the_default_is_fused_where_torch_has_it(name):
+    default, expected = _steps(name, None)
+    group = default.param_groups[0]
+    assert bool(group.get("fused")) == (name in FUSED) and bool(group.get("foreach")) == (name not in FUSED)
+    for impl in ("fused", "foreach") if name in FUSED else ("foreach",):
+        torch.testing.assert_close(_steps(name, impl)[1], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_resuming_keeps_this_runs_implementation():
+    saved, _ = _steps("adamw", "foreach", steps=2)        # torch would take foreach from the saved groups
+    opt, _ = _steps("adamw", "fused", steps=0)
+    load_optimizer_state(opt, saved.state_dict())
+    assert opt.param_groups[0]["fused"] and not opt.param_groups[0]["foreach"]
+    assert all(s["step"].dtype == torch.float32 and s["step"].item() == 2 for s in opt.state.values())
 
 
 def test_ccnesterov_matches_hand_computed_steps():

@@ -1,7 +1,8 @@
-"""The knobs of a modern recipe: learning-rate schedules with warm-up, gradient clipping on the flat
-buffers, and TensorBoard scalars beside metrics.jsonl."""
+"""The knobs of a modern recipe: gradient accumulation, learning-rate schedules with warm-up,
+gradient clipping on the flat buffers, torch.compile, and TensorBoard scalars beside metrics.jsonl."""
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 
@@ -11,9 +12,56 @@ import torch
 from harness.flat import FlatParameters
 from harness.metrics import read_metrics
 from harness.schedule import learning_rate
-from harness.step import clip_grad_norm
+from harness.step import TrainStep, clip_grad_norm
+from harness.sync import BucketedGradientAveraging
 from test_interrupt import interrupt
-from test_train import cli, flat_params, run_train
+from test_sync import RecordingComm, _model
+from test_train import flat_params, run_train, train_error
+
+
+def test_accumulating_launches_the_buckets_once_per_update_and_equals_the_whole_batch():
+    x, y = torch.randn(12, 20), torch.randint(0, 5, (12,))
+    updates = []
+    for accum in (1, 3):
+        model = _model()
+        flat, comm = FlatParameters(model), RecordingComm()
+        sync = BucketedGradientAveraging(comm, flat, bucket_mb=1e-6)        # a bucket per parameter: hooks
+        step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.5), flat, sync,
+                         torch.nn.functional.cross_entropy, contextlib.nullcontext, accum=accum)
+        loss = step(x, y)
+        # no_sync: the first two micro-batches' backward passes launch nothing; the third launches each bucket once
+        assert [c[:2] for c in comm.calls] == [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets]
+        updates.append((loss, flat.params[0].clone()))
+    (whole_loss, whole), (mean_loss, accumulated) = updates
+    assert mean_loss.item() == pytest.approx(whole_loss.item(), rel=1e-6)
+    torch.testing.assert_close(accumulated, whole, rtol=1e-6, atol=1e-7)
+
+
+def test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_compiled(tmp_path):
+    """N workers x K micro-batches x batch b train as one worker with batch N*K*b (the loss is each
+    micro-batch's mean over K, the gradients averaged over N once per update), whichever way the
+    gradients are averaged, and with the model compiled."""
+    common = ["--epochs", "2", "--momentum", "0.9", "--lr", "0.1", "--seed", "3"]
+    _, one = run_train(tmp_path, *common, "--cpu-workers", "1", "--batch-size", "32", name="one")
+    runs = {"2 x 16": ["--batch-size", "16"],
+            "2 x 2 x 8, bucketed": ["--batch-size", "8", "--grad-accum", "2", "--bucket-mb", "0.001"],
+            "2 x 2 x 8, flat": ["--batch-size", "8", "--grad-accum", "2", "--grad-sync", "flat"],
+            "2 x 2 x 8, compiled": ["--batch-size", "8", "--grad-accum", "2", "--bucket-mb", "0.001", "--compile"]}
+    reference = flat_params(one)
+    epochs = [r["train_loss"] for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if r["event"] == "epoch"]
+    for i, (label, flags) in enumerate(runs.items()):
+        _, save = run_train(tmp_path, *common, "--cpu-workers", "2", *flags, name=f"run{i}")
+        assert (flat_params(save) - reference).norm() <= 1e-5 * reference.norm(), label
+        logged = [r for r in read_metrics(tmp_path / f"run{i}" / "metrics.jsonl") if r["event"] == "epoch"]
+        assert [r["train_loss"] for r in logged] == pytest.approx(epochs, rel=1e-5), label
+        assert [r["step"] for r in logged] == [40, 80], label
+
+
+def test_a_compiled_model_in_param_mode_trains_as_the_eager_one(tmp_path):
+    common = ["--max-steps", "30", "--mode", "param", "--avg-every", "3", "--batch-size", "8", "--seed", "1"]
+    _, eager = run_train(tmp_path, *common, name="eager")
+    _, compiled = run_train(tmp_path, *common, "--compile", name="compiled")
+    assert (flat_params(compiled) - flat_params(eager)).norm() <= 1e-5 * flat_params(eager).norm()
 
 
 def test_schedules_warm_up_then_decay_to_the_minimum():
@@ -74,8 +122,11 @@ def test_a_scheduled_clipped_run_logs_its_rate_and_norm_writes_tensorboard_and_r
     (["--warmup-steps", "-1"], "--warmup-steps -1 must not be negative"),
     (["--clip-grad", "0"], "--clip-grad must be a positive norm, got 0.0"),
     (["--cuda-graph", "--warmup-steps", "5"], "--cuda-graph would freeze the learning rate"),
+    (["--grad-accum", "0"], "--grad-accum must be at least 1, got 0"),
+    (["--batch-size", "400", "--grad-accum", "2"], "--batch-size 400 x --grad-accum 2 is larger than a worker's "
+                                                   "shard (647 samples of 1294 over 2 workers)"),
+    (["--compile", "--cuda-graph"], "--compile and --cuda-graph do not combine"),
+    (["--optimizer", "adadelta", "--optimizer-impl", "fused"], "torch has no fused adadelta"),
 ])
-def test_bad_recipe_flags_are_one_line_errors(flags, message):
-    result = cli("Train.py", *flags)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_bad_recipe_flags_are_one_line_errors(flags, message, tmp_path, monkeypatch, capsys):
+    assert message in train_error(*flags, "--log-dir", str(tmp_path), monkeypatch=monkeypatch, capsys=capsys)

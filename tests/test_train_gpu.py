@@ -1,5 +1,5 @@
 """Train.py on GPU workers (NCCL): replicas identical in grad mode, averaged in param mode; the
-default CUDA graph trains exactly as eager steps do."""
+default CUDA graph trains exactly as eager steps do; accumulated micro-batches equal the whole batch."""
 import pytest
 import torch
 
@@ -33,3 +33,19 @@ def test_the_default_cuda_graph_trains_exactly_as_eager_steps(tmp_path, capfd, f
     assert "running eagerly" not in capfd.readouterr().out
     eager, graphed = flat_params(tmp_path / "eager.pt"), flat_params(tmp_path / "graph.pt")
     assert torch.allclose(eager, graphed, rtol=0, atol=1e-6), (eager - graphed).abs().max()
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-cuda-graph"], ["--compile"]])
+def test_two_gpus_accumulating_two_micro_batches_equal_one_gpu_with_the_whole_batch(tmp_path, capfd, flags):
+    """--grad-accum on GPU workers: graphed (the whole update, both micro-batches, in one graph), eager,
+    and compiled, with a bucket per parameter so that the hooks and no_sync are exercised."""
+    if not has_gpus(2):
+        pytest.skip("needs 2 CUDA GPUs")
+    common = ["--max-steps", "40", "--no-tf32", "--lr", "0.05", "--seed", "2"]
+    run_train(tmp_path, *common, "--gpus", "0", "--batch-size", "64", name="one")
+    run_train(tmp_path, *common, "--gpus", "0,1", "--batch-size", "16", "--grad-accum", "2", "--bucket-mb", "0.001",
+              *flags, name="accumulated")
+    if not flags:
+        assert "running eagerly" not in capfd.readouterr().out
+    one, accumulated = flat_params(tmp_path / "one.pt"), flat_params(tmp_path / "accumulated.pt")
+    assert (one - accumulated).norm() <= 1e-5 * one.norm(), (one - accumulated).abs().max()
