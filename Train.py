@@ -25,7 +25,8 @@ from harness.recovery import GaveUp, Recovery
 from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.optim import IMPLS, OPTIMIZERS, check_options
 from harness.schedule import SCHEDULES, is_constant
-from harness.placement import resolve_gpus, visible_gpus
+from harness.launch import LAUNCHERS, make_launcher
+from harness.placement import assign_on_hosts, resolve_gpus, visible_gpus
 
 DEFAULT_SAVE = "checkpoints/model.pt"
 
@@ -54,6 +55,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--cpu-workers", type=int, default=2, help="number of CPU workers when no GPU is used (default 2)")
     a("--workers-per-gpu", type=int, default=1,
       help="workers on each GPU (default 1); they combine through CUDA IPC, one leader per GPU joins NCCL")
+    a("--launcher", choices=LAUNCHERS, default="local",
+      help="where the workers start: local (this machine, the default); ssh (on --hosts or --hostfile, through "
+           "OpenSSH with your own config and keys; $HARNESS_SSH overrides the ssh command); slurm (on the "
+           "nodes of the Slurm allocation this runs in, one srun step each)")
+    a("--hosts", default=None, metavar="HOST:SLOTS,...",
+      help="--launcher ssh: the hosts and how many workers each runs, e.g. node1:8,node2:8")
+    a("--hostfile", default=None, help="--launcher ssh: a file of hosts, one per line (node1:8 or 'node1 slots=8')")
+    a("--control-address", default=None,
+      help="remote workers: the address of this machine they reach the parent on (default: the one on the "
+           "route to the first host)")
+    a("--encrypt", action="store_true",
+      help="remote workers: encrypt the control plane with CurveZMQ (it is always signed), for a network "
+           "others can listen on")
     a("--mps", action="store_true",
       help="start a private NVIDIA MPS daemon for the run (pipe and log dirs in --log-dir), so workers "
            "sharing a GPU run their kernels concurrently; stopped at the end")
@@ -146,10 +160,18 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.heartbeat_timeout <= 0:
         raise ConfigError(f"--heartbeat-timeout must be a positive number of seconds, got {args.heartbeat_timeout}")
-    try:
-        gpus = resolve_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    if args.launcher != "local":
+        gpus, count = remote_plan(args)
+    else:
+        if args.control_address or args.encrypt:
+            raise ConfigError("--control-address and --encrypt are for workers on other hosts (--launcher ssh or "
+                              "slurm); a local run talks over a private Unix socket")
+        try:
+            make_launcher(args.launcher, args.hosts, args.hostfile)
+            gpus = resolve_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        count = len(gpus) * args.workers_per_gpu or args.cpu_workers
     if not gpus and (args.workers_per_gpu > 1 or args.mps):
         flag = "--mps" if args.mps else f"--workers-per-gpu {args.workers_per_gpu}"
         raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
@@ -160,7 +182,35 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
     if args.heal == "on" and gpus:
         raise ConfigError("--heal on: healing in place is built for CPU workers only so far; GPU workers restart "
                           "from the last checkpoint (drop --heal on, and save often with --save-every-steps)")
-    return gpus, len(gpus) * args.workers_per_gpu or args.cpu_workers
+    return gpus, count
+
+
+def remote_plan(args: argparse.Namespace) -> tuple[list[int], int]:
+    """--launcher ssh or slurm: (each host's GPUs, number of workers: the hosts' slots). This machine
+    cannot see the hosts' GPUs: ``--gpus all`` (the default where this machine has GPUs) gives each of a
+    host's workers its own GPU, 0, 1, ...; ``--gpus 0,1`` shares a host's workers out over those."""
+    if args.workers_per_gpu > 1 or args.mps:
+        raise ConfigError(f"--workers-per-gpu and --mps work on one machine only so far; drop them with --launcher "
+                          f"{args.launcher}")
+    try:
+        launcher = make_launcher(args.launcher, args.hosts, args.hostfile)
+        spec = args.gpus if args.gpus is not None else ("all" if visible_gpus() else None)
+        assign_on_hosts([(0, 1)], spec)         # its checks
+        if spec is None:
+            gpus = []
+        elif spec.strip().lower() == "all":
+            gpus = list(range(max(h.slots for h in launcher.hosts)))
+        else:
+            gpus = [int(g) for g in spec.split(",") if g.strip()]
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return gpus, launcher.slots
+
+
+def placement_flags(args: argparse.Namespace) -> dict:
+    """Where the workers start, as the config keeps it (and a restart starts them again)."""
+    return {"launcher": args.launcher, "hosts": args.hosts, "hostfile": args.hostfile,
+            "control_address": args.control_address, "encrypt": args.encrypt}
 
 
 def heals_in_place(args: argparse.Namespace, gpus: list[int]) -> bool:
@@ -245,7 +295,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
         "compile": args.compile, "log_dir": args.log_dir,
         "lr_schedule": args.lr_schedule, "warmup_steps": args.warmup_steps, "min_lr": args.min_lr,
         "clip_grad": args.clip_grad, "tensorboard": args.tensorboard,
-        "workers": workers, "mps": args.mps,
+        "workers": workers, "mps": args.mps, **placement_flags(args),
         "data_workers": args.data_workers if args.data_workers is not None else default_data_workers(workers),
     }
     return config, gpus
@@ -372,13 +422,20 @@ WORKER_IMPORTS = ("harness.train", "harness.checkout.datasets", "harness.checkou
 
 @contextlib.contextmanager
 def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_timeout: float,
-            heal: bool) -> Iterator[Children]:
+            heal: bool, place: dict) -> Iterator[Children]:
     """A group of training workers, stopped on exit. They import what training needs as soon as they
     start, so a group started before the parent's own imports and checks does that work alongside
     them. With --mps the private daemon starts first and outlives the workers: MPS only quits once
-    its clients are gone. ``heal``: a dead worker does not stop the group (harness/recovery.py)."""
+    its clients are gone. ``heal``: a dead worker does not stop the group (harness/recovery.py).
+    ``place``: placement_flags(), where they start (harness/launch.py)."""
+    launcher = make_launcher(place["launcher"], place["hosts"], place["hostfile"])
     with mps_for(mps, log_dir) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
-        yield parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS, heal=heal)
+        try:
+            group = parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS, heal=heal,
+                                launcher=launcher, address=place["control_address"], encrypt=place["encrypt"])
+        except ValueError as e:         # e.g. no address to listen on for the hosts
+            raise ConfigError(str(e)) from None
+        yield group
 
 
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None,
@@ -401,7 +458,7 @@ def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks:
             kids, started = started, None
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
         with workers(attempt_config["workers"], gpus, attempt_config["mps"], attempt_config["log_dir"],
-                     heartbeat_timeout, attempt_config["heal"]) as kids:
+                     heartbeat_timeout, attempt_config["heal"], attempt_config) as kids:
             marks.setdefault("forked", time.time())
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
 
@@ -465,12 +522,15 @@ def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
     try:
         gpus, count = launch_plan(args)
         heal = heals_in_place(args, gpus)
-        with workers(count, gpus, args.mps, args.log_dir, args.heartbeat_timeout, heal) as kids:
+        with workers(count, gpus, args.mps, args.log_dir, args.heartbeat_timeout, heal, placement_flags(args)) as kids:
             timeline.mark(marks, "forked")
             config, _ = read_flags(args)
             check_inputs(config)
             where = f"{config['workers']} CPU workers"
-            if gpus:
+            if args.launcher != "local":
+                where = f"{len(kids.hosts)} hosts ({args.launcher}), " + ("GPUs " + ",".join(map(str, gpus))
+                                                                          if gpus else "CPU") + " on each"
+            elif gpus:
                 where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "")
             print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
                   f"mode {config['mode']}")

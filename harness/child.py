@@ -1,12 +1,16 @@
 """A child worker: ``python -m harness.child``, started by ``harness.parent``.
 
 The parent hands over everything through the environment (never argv, which ``ps`` shows):
-the ZeroMQ endpoint, the run's signing key, the rank, the world size and its ``sys.path``.
+the ZeroMQ endpoint, the run's signing key, the rank, the world size and its ``sys.path``. A child
+started over ssh (``python -m harness.child --stdin``) reads them as a JSON line from stdin instead,
+and exits when stdin ends or when the parent is silent for the heartbeat timeout: that is how a
+child on another host learns that the parent, or the network between them, is gone.
 The child then serves: it waits for ``exec`` messages, runs each shipped function as
 ``fn(ctx, *args, **kwargs)`` and reports the return value or the exception's traceback.
 
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
-("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None).
+("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
+to remote children also ("heartbeat", None, None) and ("signal", None, signum).
 Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,
 ("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
@@ -33,13 +37,14 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, Sequence
 
 from . import timeline
+from .link import HEARTBEAT_INTERVAL
 
-HEARTBEAT_INTERVAL = 1.0
 _interrupted: int | None = None      # the last SIGINT or SIGTERM this process received
 
 
@@ -72,6 +77,10 @@ class Context:
         self._preloading = False
         self._last_heartbeat = 0.0
         self._parent_pid = int(os.environ.get("HARNESS_PARENT_PID", os.getppid()))
+        self.host = os.environ.get("HARNESS_HOST", "localhost")     # the launcher's name for this child's host
+        self._endpoint = os.environ.get("HARNESS_ENDPOINT", "")
+        self._parent_timeout = float(os.environ.get("HARNESS_HEARTBEAT_TIMEOUT", "inf"))
+        self._heard = time.monotonic()      # when the parent was last heard from
         self.marks = timeline.start("imported")    # the start-up timeline: interpreter and imports done
         self._link = link_factory(self)
 
@@ -79,6 +88,15 @@ class Context:
     def interrupted(self) -> int | None:
         """The number of the last SIGINT or SIGTERM this child received, or None."""
         return _interrupted
+
+    @property
+    def address(self) -> str:
+        """This child's address where its peers can reach it: loopback when the group runs on one
+        machine; across hosts, the address of its interface on the route to the parent."""
+        if not self._endpoint.startswith("tcp://"):
+            return "127.0.0.1"
+        from .launch import address_toward
+        return address_toward(self._endpoint[len("tcp://"):].rsplit(":", 1)[0])
 
     @property
     def device(self):
@@ -184,7 +202,12 @@ class Context:
 
     def dispatch(self, _sender: bytes | None, message: tuple) -> None:
         kind, ident, payload = message
-        if kind == "exchange":
+        self._heard = time.monotonic()
+        if kind == "heartbeat":
+            return
+        if kind == "signal":
+            _record_signal(payload, None)
+        elif kind == "exchange":
             self._exchanges[ident] = payload
         elif kind == "abort":
             if ident == self._exec_id:
@@ -216,6 +239,8 @@ class Context:
         if os.getppid() != self._parent_pid:
             os._exit(1)   # the parent is gone: nobody will ever stop us, and our GPU must be freed
         now = time.monotonic()
+        if now - self._heard > self._parent_timeout:
+            _exit_because(f"nothing heard from the parent for {now - self._heard:.0f} s: it or the network is gone")
         if now - self._last_heartbeat >= HEARTBEAT_INTERVAL:
             self._last_heartbeat = now
             self._link.send(("heartbeat", None, None))
@@ -277,8 +302,10 @@ class Context:
 
 def _connect(ctx: Context, endpoint: str, key: bytes):
     import zmq
+    from .endpoint import secure
     from .link import Link, identity_of
     socket = zmq.Context.instance().socket(zmq.DEALER)
+    secure(socket, os.environ)
     socket.setsockopt(zmq.IDENTITY, identity_of(ctx.rank, ctx.generation))
     socket.setsockopt(zmq.LINGER, 10_000)
     socket.connect(endpoint)
@@ -290,13 +317,33 @@ def _record_signal(signum: int, _frame: Any) -> None:
     _interrupted = signum
 
 
+def _exit_because(reason: str) -> None:
+    sys.stderr.write(f"harness child on {os.environ.get('HARNESS_HOST', 'localhost')}: {reason}; exiting\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _environment_from_stdin() -> None:
+    """``--stdin`` (a child started over ssh): the environment comes as one JSON line, and then stdin
+    stays open for as long as the parent's ssh client runs."""
+    os.environ.update(json.loads(sys.stdin.buffer.readline() or b"{}"))
+
+    def watch() -> None:
+        while sys.stdin.buffer.read(65536):
+            pass
+        _exit_because("the parent's ssh session ended")
+    threading.Thread(target=watch, name="harness-stdin", daemon=True).start()
+
+
 def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _record_signal)
+    if "--stdin" in sys.argv[1:]:
+        _environment_from_stdin()
     env = os.environ
     sys.path[:] = json.loads(env.pop("HARNESS_SYS_PATH", "[]")) or sys.path
     key = bytes.fromhex(env.pop("HARNESS_KEY"))
-    endpoint = env.pop("HARNESS_ENDPOINT")
+    endpoint = env["HARNESS_ENDPOINT"]
     ctx = Context(int(env["HARNESS_RANK"]), int(env["HARNESS_WORLD_SIZE"]), env.get("HARNESS_GPU") or None,
                   lambda c: _connect(c, endpoint, key))
     try:

@@ -23,6 +23,7 @@ T = TypeVar("T")
 log = logging.getLogger("harness")
 
 TICK = 0.1   # seconds between housekeeping passes, and the longest a blocked wait sleeps in poll
+HEARTBEAT_INTERVAL = 1.0     # seconds between a child's heartbeats (and the parent's, to remote children)
 # Plain ints: pyzmq's flag enums cost microseconds per frame.
 _SNDMORE, _EVENTS, _POLLIN = int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
 

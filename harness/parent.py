@@ -7,6 +7,11 @@ scatter, receive, wait. Every blocking call also watches the children: a child t
 stops sending heartbeats ends the call with ``ChildFailed`` in seconds, after the others have
 been told to abort and have been stopped. Nothing hangs and nothing is left running.
 
+Children may run on other hosts: ``fork(..., launcher=Ssh(hosts))`` or ``Slurm()`` (harness/launch.py)
+starts each through ssh or srun, and the group talks over TCP (harness/endpoint.py). The parent then
+also sends heartbeats, so that a child cut off from it exits by itself, and forwards signals as
+messages; a failure names the child's host.
+
 A group forked with ``heal=True`` is not stopped when a child fails: the call still raises
 ``ChildFailed``, the survivors are still told to abort their collectives, but they stay alive,
 and ``replace(rank)`` starts a new child in the dead one's place, hands it the running exec and
@@ -33,8 +38,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import zmq
 
-from . import placement, wire
-from .link import Link, identity_of
+from . import endpoint, placement, wire
+from .launch import Launcher, Local
+from .link import HEARTBEAT_INTERVAL, Link, identity_of
 
 log = logging.getLogger("harness")
 
@@ -56,10 +62,11 @@ class ChildError(RuntimeError):
 class ChildFailed(RuntimeError):
     """A child died or stopped responding; the rest of its group has been stopped."""
 
-    def __init__(self, rank: int, reason: str, stderr_tail: Sequence[str] = ()):
-        self.rank, self.reason, self.stderr_tail = rank, reason, list(stderr_tail)
+    def __init__(self, rank: int, reason: str, stderr_tail: Sequence[str] = (), host: str | None = None):
+        self.rank, self.reason, self.stderr_tail, self.host = rank, reason, list(stderr_tail), host
         tail = "".join(f"\n  | {line}" for line in self.stderr_tail) or "\n  (no stderr output)"
-        super().__init__(f"child {rank} {reason}; last lines of its stderr:{tail}")
+        where = f" on host {host}" if host else ""
+        super().__init__(f"child {rank}{where} {reason}; last lines of its stderr:{tail}")
 
 
 def _describe_exit(returncode: int) -> str:
@@ -74,8 +81,8 @@ def _describe_exit(returncode: int) -> str:
 class _Child:
     """Bookkeeping for one child process."""
 
-    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes):
-        self.rank, self.identity = rank, identity
+    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes, host: str | None = None):
+        self.rank, self.identity, self.host = rank, identity, host      # host: where a remote child runs
         self.process = process
         self.pid = process.pid
         self.connected = False
@@ -116,8 +123,13 @@ class Children:
     """A group of child workers, ranks 0..n-1. Made by ``Parent.fork``."""
 
     def __init__(self, n: int, key: bytes, endpoint: str, socket: zmq.Socket, environments: list[dict[str, str]],
-                 heartbeat_timeout: float, heal: bool = False):
+                 heartbeat_timeout: float, heal: bool = False, launcher: Launcher | None = None,
+                 hosts: Sequence[str] = ()):
         self._key = key
+        self._launcher = launcher or Local()
+        self._hosts = list(hosts) or ["localhost"] * n
+        self._signals: list[int] = []       # for remote children: sent by the housekeeping thread
+        self._last_heartbeat = 0.0
         self._heartbeat_timeout = heartbeat_timeout
         self._heal = heal
         self._environments = environments
@@ -146,7 +158,13 @@ class Children:
 
     @property
     def pids(self) -> list[int]:
+        """The local processes: the children, or for remote children their ssh or srun clients."""
         return [c.pid for c in self._children]
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts the group runs on, in rank order, each once."""
+        return list(dict.fromkeys(self._hosts))
 
     def exec(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once."""
@@ -183,7 +201,11 @@ class Children:
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every child still running. Safe in a signal handler (it only calls
-        ``os.kill``): that is how the parent forwards Ctrl-C and SIGTERM (harness/interrupt.py)."""
+        ``os.kill``): that is how the parent forwards Ctrl-C and SIGTERM (harness/interrupt.py).
+        Children on other hosts get it as a message, sent at the next housekeeping tick."""
+        if self._launcher.remote:
+            self._signals.append(signum)
+            return
         for child in self._children:
             if child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -223,7 +245,7 @@ class Children:
         deadline = time.monotonic() + START_TIMEOUT
         if self._link.wait_for(lambda: self._check() or (child.connected or None), deadline) is None:
             self._give_up(ChildFailed(rank, f"was replaced, but the new child did not connect within "
-                                            f"{START_TIMEOUT:.0f} s", child.stderr_tail))
+                                            f"{START_TIMEOUT:.0f} s", child.stderr_tail, child.host))
         if self._exec_id:       # running on every survivor (checked above): the replacement joins it
             self._send_if_alive(child, ("exec", self._exec_id, self._call))
             notice = {"generation": self._generation, "replaced": rank}
@@ -321,9 +343,9 @@ class Children:
     def _start(self, rank: int, generation: int = 0) -> _Child:
         """Start the child process of ``rank``; a replacement is started in a later ``generation``."""
         env = {**self._environments[rank], "HARNESS_GENERATION": str(generation)}
-        process = subprocess.Popen([sys.executable, "-m", "harness.child"], env=env,
-                                   stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        return _Child(rank, process, identity_of(rank, generation))
+        process = self._launcher.start(self._hosts[rank], env)
+        return _Child(rank, process, identity_of(rank, generation),
+                      self._hosts[rank] if self._launcher.remote else None)
 
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
         rank = _rank_of(sender, [c.identity for c in self._children])
@@ -393,6 +415,23 @@ class Children:
     def _housekeeping(self) -> None:
         if not self._stopping:
             self._find_deaths()
+        if self._launcher.remote:
+            self._talk_to_remote_children()
+
+    def _talk_to_remote_children(self) -> None:
+        """Forward the signals ``signal()`` noted, and send heartbeats: a child that hears nothing
+        from the parent for the heartbeat timeout exits (its host may have been cut off from ours)."""
+        now, signals = time.monotonic(), self._signals
+        beat = now - self._last_heartbeat >= HEARTBEAT_INTERVAL
+        if not (signals or beat):
+            return
+        self._signals, self._last_heartbeat = [], now if beat else self._last_heartbeat
+        for child in self._children:
+            if child.connected and child.process.poll() is None:
+                for signum in signals:
+                    self._send_if_alive(child, ("signal", None, signum))
+                if beat:
+                    self._send_if_alive(child, ("heartbeat", None, None))
 
     def _find_deaths(self) -> None:
         if self._failure is not None:
@@ -413,7 +452,7 @@ class Children:
                 return
 
     def _fail(self, child: _Child, reason: str) -> None:
-        self._failure = ChildFailed(child.rank, reason, child.stderr_tail)
+        self._failure = ChildFailed(child.rank, reason, child.stderr_tail, child.host)
         self._abort_others(child.rank, f"child {child.rank} {reason}")
 
     def _await_connections(self) -> None:
@@ -421,9 +460,10 @@ class Children:
         done = self._link.wait_for(lambda: self._check() or (all(c.connected for c in self._children) or None),
                                    deadline)
         if done is None:
-            late = [c.rank for c in self._children if not c.connected]
+            late = [c for c in self._children if not c.connected]
             self.stop(grace=1.0)
-            raise ChildFailed(late[0], f"did not connect within {START_TIMEOUT:.0f} s (ranks {late})")
+            raise ChildFailed(late[0].rank, f"did not connect within {START_TIMEOUT:.0f} s (ranks "
+                                            f"{[c.rank for c in late]})", late[0].stderr_tail, late[0].host)
 
 
 def _rank_of(identity: bytes | None, identities: list[bytes]) -> int | None:
@@ -450,42 +490,57 @@ class Parent:
         self._count = itertools.count()
 
     def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None,
-             preload: Sequence[str] = (), heal: bool = False) -> Children:
+             preload: Sequence[str] = (), heal: bool = False, launcher: Launcher | None = None,
+             address: str | None = None, encrypt: bool = False) -> Children:
         """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices.
         ``preload``: modules each child imports while it waits for its first exec (torch, say), so
         that a fork made before the parent's own slow work overlaps it. ``heal``: a failed child does
-        not stop the group; ``Children.replace`` starts another in its place."""
+        not stop the group; ``Children.replace`` starts another in its place.
+        ``launcher``: where they start (harness/launch.py: ``Local()``, the default, ``Ssh(hosts)``,
+        ``Slurm()``); on other hosts ``gpus`` names each host's GPUs ("all": one per child). Remote
+        children reach the parent over TCP at ``address`` (default: this machine's address on the
+        route to the first host); ``encrypt`` adds CurveZMQ to the signing (harness/endpoint.py)."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n={n!r}): n must be a positive integer")
-        assigned = placement.assign(n, placement.resolve_gpus(gpus))
-        endpoint = f"ipc://{self._dir}/group-{next(self._count)}"
-        socket = self._context.socket(zmq.ROUTER)
-        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.bind(endpoint)
-        threads = max(1, (os.cpu_count() or 1) // n)
-        extra = {**(env or {}), "HARNESS_PRELOAD": ",".join(preload)}
-        environments = [self._environment(rank, n, gpu, endpoint, threads, extra) for rank, gpu in enumerate(assigned)]
-        group = Children(n, self._key, endpoint, socket, environments, self.heartbeat_timeout, heal)
+        launcher = launcher or Local()
+        places = launcher.place(n)
+        if launcher.remote:
+            assigned = placement.assign_on_hosts([(index, count) for _, index, count in places], gpus)
+        else:
+            assigned = placement.assign(n, placement.resolve_gpus(gpus))
+        socket, where, secrets = endpoint.bind(self._context, launcher, self._dir, f"group-{next(self._count)}",
+                                               address, encrypt)
+        extra = {**(env or {}), **secrets, "HARNESS_PRELOAD": ",".join(preload)}
+        environments = [self._environment(rank, n, gpu, where, extra, place, launcher.remote)
+                        for rank, (gpu, place) in enumerate(zip(assigned, places))]
+        group = Children(n, self._key, where, socket, environments, self.heartbeat_timeout, heal, launcher,
+                         [host for host, _, _ in places])
         self._groups.append(group)
         return group
 
-    def _environment(self, rank: int, n: int, gpu: int | None, endpoint: str, threads: int,
-                     extra: Mapping[str, str] | None) -> dict[str, str]:
+    def _environment(self, rank: int, n: int, gpu: int | None, where: str, extra: Mapping[str, str],
+                     place: tuple[str, int, int], remote: bool) -> dict[str, str]:
         harness_root = str(Path(__file__).resolve().parent.parent)
+        host, _, on_host = place
         env = dict(os.environ)
-        env.update(placement.child_environment(gpu, threads))
-        env.update(extra or {})
+        env.update(placement.child_environment(None if remote else gpu, max(1, (os.cpu_count() or 1) // on_host)))
+        if remote:      # this machine cannot see the host's GPUs: the index is the host's own
+            env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+        env.update(extra)
         env.update({
-            "HARNESS_ENDPOINT": endpoint,
+            "HARNESS_ENDPOINT": where,
             "HARNESS_KEY": self._key.hex(),
             "HARNESS_RANK": str(rank),
             "HARNESS_WORLD_SIZE": str(n),
             "HARNESS_GPU": env["CUDA_VISIBLE_DEVICES"] if gpu is not None else "",
-            "HARNESS_PARENT_PID": str(os.getpid()),
+            "HARNESS_HOST": host,
             "HARNESS_SYS_PATH": json.dumps([p or os.getcwd() for p in sys.path]),
             "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")])),
         })
+        if remote:      # its parent process is sshd's or slurmstepd's: it watches for our heartbeats instead
+            env["HARNESS_HEARTBEAT_TIMEOUT"] = str(self.heartbeat_timeout)
+        else:
+            env["HARNESS_PARENT_PID"] = str(os.getpid())
         return env
 
     def close(self) -> None:

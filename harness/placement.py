@@ -86,6 +86,23 @@ def assign(n: int, gpus: Sequence[int]) -> list[int | None]:
     return [gpus[rank * len(gpus) // n] for rank in range(n)] if n >= len(gpus) else list(gpus[:n])
 
 
+def assign_on_hosts(places: Sequence[tuple[int, int]], gpus: GpuSpec) -> list[int | None]:
+    """GPUs of children on other hosts, which this machine cannot see; ``places``: (index among the
+    host's children, their number) per child. "all" gives each of a host's children its own GPU
+    (0, 1, ...); a list of indices is shared out on each host as ``assign`` does here."""
+    if gpus is None:
+        return [None] * len(places)
+    if isinstance(gpus, str) and gpus.strip().lower() == "all":
+        return [index for index, _ in places]
+    try:
+        indices = [int(g) for g in gpus.split(",") if g.strip()] if isinstance(gpus, str) else list(gpus)
+    except ValueError:
+        raise ValueError(f"gpus={gpus!r}: expected 'all' or comma-separated GPU indices like '0,1'") from None
+    if not indices or len(set(indices)) != len(indices) or min(indices) < 0:
+        raise ValueError(f"gpus={gpus!r}: name each host's GPUs once, as indices >= 0")
+    return [assign(count, indices)[index] for index, count in places]
+
+
 def child_environment(gpu: int | None, threads: int) -> dict[str, str]:
     """Environment entries that pin one child: its GPU (or none) and its CPU thread count."""
     env = {"CUDA_VISIBLE_DEVICES": visible_gpus()[gpu] if gpu is not None else ""}

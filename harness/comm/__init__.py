@@ -19,7 +19,8 @@ def open_communicator(ctx: Any, backend: str | None = None, **options: Any) -> C
         raise ValueError(f"backend={backend!r}: choose 'nccl' (GPU children) or 'gloo' (CPU children)")
     if backend == "nccl" and ctx.gpu is None:
         raise ValueError("backend='nccl' needs GPU children (parent.fork(n, gpus=...)); CPU children use 'gloo'")
-    gpus = ctx.exchange(ctx.unique_tag("gpus"), ctx.gpu) if backend == "nccl" else []
+    # (host, GPU): GPU 0 of one host is not GPU 0 of another
+    gpus = ctx.exchange(ctx.unique_tag("gpus"), (ctx.host, ctx.gpu)) if backend == "nccl" else []
     if len(set(gpus)) < len(gpus):
         if options:
             raise ValueError(f"options {sorted(options)} are not supported when workers share a GPU")

@@ -1,6 +1,7 @@
 """gloo through torch.distributed, for CPU children.
 
-The ranks meet through a TCPStore that rank 0 serves on a free loopback port (comm/store.py).
+The ranks meet through a TCPStore that rank 0 serves (comm/store.py), and each rank's gloo device
+listens on its ``ctx.address``: loopback on one machine, its interface toward the parent across hosts.
 Gloo cannot average, so "avg" is a sum then a division.
 
 Aborting: a gloo collective blocked on a live peer cannot be interrupted by gloo itself (the
@@ -39,12 +40,12 @@ class GlooCommunicator(Communicator):
     backend = "gloo"
     device_type = "cpu"
 
-    def __init__(self, ctx: Any, timeout: float = 1800.0, host: str = "127.0.0.1"):
+    def __init__(self, ctx: Any, timeout: float = 1800.0):
         super().__init__(ctx.rank, ctx.world_size)
         delta = datetime.timedelta(seconds=timeout)
-        self._store = open_store(ctx, timeout, host)
+        self._store = open_store(ctx, timeout)
         options = ProcessGroupGloo._Options()
-        options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+        options._devices = [ProcessGroupGloo.create_device(hostname=ctx.address)]     # where peers reach this rank
         options._timeout = delta
         before = _sockets()
         self._pg = ProcessGroupGloo(self._store, self.rank, self.size, options)
