@@ -1,0 +1,157 @@
+"""Several machines: children started over ssh on three "hosts" (network namespaces, each with its
+own address and a real sshd; tests/netns_hosts.py), Train.py across them, a host cut off mid-run,
+and the Slurm launcher (its allocation parsing, and its srun steps through a stand-in srun: a real
+slurmctld/slurmd is not run here)."""
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+import torch
+
+from harness import ChildFailed, Parent
+from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
+from netns_hosts import Hosts, why_not
+from test_train import flat_params, run_train, train_error
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    reason = why_not()
+    if reason:
+        pytest.skip(f"cannot make hosts as network namespaces here: {reason}")
+    made = Hosts(tmp_path_factory.mktemp("hosts"))
+    yield made
+    made.close()
+
+
+def where(ctx) -> tuple:
+    return ctx.rank, ctx.host, ctx.address, os.readlink("/proc/self/ns/net"), os.environ.get("HARNESS_KEY")
+
+
+def all_reduce_forever(ctx) -> None:
+    comm = ctx.communicator()
+    ones = torch.ones(1000)
+    while True:
+        comm.all_reduce(ones, op="avg")
+
+
+def harness_children(hosts: Hosts) -> list[int]:
+    found = []
+    for namespace in hosts.namespaces:
+        for pid in hosts.processes(namespace):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"harness.child" in f.read():
+                        found.append(pid)
+            except FileNotFoundError:
+                pass
+    return found
+
+
+def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_leaves_nothing(hosts, monkeypatch):
+    monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
+    spaces = [f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]" for ns in hosts.namespaces]
+    with Parent(heartbeat_timeout=5.0) as parent:       # the functions' module imports torch: preloaded
+        kids = parent.fork(6, launcher=Ssh([Host(a, 2) for a in hosts.addresses]), encrypt=True,
+                           preload=("torch", "harness.comm.gloo", "test_hosts"))
+        assert kids.hosts == hosts.addresses
+        kids.exec(where)
+        found = kids.wait()
+        assert [(r, h, a) for r, h, a, _, _ in found] == [(r, hosts.addresses[r // 2], hosts.addresses[r // 2])
+                                                          for r in range(6)]
+        assert [space for _, _, _, space, _ in found] == [spaces[r // 2] for r in range(6)]
+        assert all(key is None for *_, key in found)      # the key was read and dropped from the environment
+
+        kids.exec(all_reduce_forever)
+        time.sleep(1.0)
+        hosts.link(1, up=False)
+        cut = time.monotonic()
+        try:
+            with pytest.raises(ChildFailed) as failed:
+                kids.wait()
+            noticed = time.monotonic() - cut
+        finally:
+            hosts.link(1, up=True)
+    assert failed.value.host == hosts.addresses[1] and failed.value.rank in (2, 3)
+    assert f"on host {hosts.addresses[1]}" in str(failed.value) and "no heartbeat" in str(failed.value)
+    print(f"host cut off: ChildFailed after {noticed:.1f} s (heartbeat timeout 5 s)")
+    # The survivors' children ended with their ssh sessions; the cut-off host's, when the parent fell silent.
+    deadline = time.monotonic() + 15
+    while harness_children(hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert harness_children(hosts) == []
+
+
+def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
+    common = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]
+    _, remote = run_train(tmp_path, *common, "--launcher", "ssh", "--hosts", ",".join(f"{a}:2" for a in hosts.addresses),
+                          name="ssh")
+    _, local = run_train(tmp_path, *common, "--cpu-workers", "6", name="local")
+    assert (flat_params(remote) - flat_params(local)).abs().max() <= 1e-6 * flat_params(local).abs().max()
+    assert harness_children(hosts) == []
+
+
+def test_hosts_and_hostfiles_are_parsed(tmp_path):
+    assert parse_hosts("node1:8, node2:4,node3") == [Host("node1", 8), Host("node2", 4), Host("node3", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the cluster\nnode1 slots=8\nnode2:2   # half\n\nnode3\n")
+    assert read_hostfile(str(hostfile)) == [Host("node1", 8), Host("node2", 2), Host("node3", 1)]
+    for bad in ("node1:0", "node1:x", ":4", ""):
+        with pytest.raises(ValueError, match="--hosts"):
+            parse_hosts(bad)
+    assert Ssh([Host("a", 2), Host("b", 3)]).place(4) == [("a", 0, 2), ("a", 1, 2), ("b", 0, 2), ("b", 1, 2)]
+    with pytest.raises(ValueError, match="6 children do not fit the hosts' 5 slots"):
+        Ssh([Host("a", 2), Host("b", 3)]).place(6)
+
+
+def test_slurm_allocations_are_read_from_their_environment():
+    # As sbatch sets them (--nodes=3 --ntasks-per-node=8; a heterogeneous allocation; one node)
+    assert expand_nodelist("gpu-st-p4d-[1-2],cpu07") == ["gpu-st-p4d-1", "gpu-st-p4d-2", "cpu07"]
+    assert expand_nodelist("node[01-03,10]") == ["node01", "node02", "node03", "node10"]
+    assert expand_nodelist("rack[1-2]-n[7-8]") == ["rack1-n7", "rack1-n8", "rack2-n7", "rack2-n8"]
+    assert expand_counts("8(x2),2") == [8, 8, 2] and expand_counts("4") == [4]
+    assert slurm_hosts({"SLURM_JOB_NODELIST": "node[01-03]", "SLURM_TASKS_PER_NODE": "8(x3)"}) == \
+        [Host("node01", 8), Host("node02", 8), Host("node03", 8)]
+    with pytest.raises(ValueError, match="has 2 nodes but SLURM_TASKS_PER_NODE=8"):
+        slurm_hosts({"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "8"})
+    with pytest.raises(ValueError, match="run inside a Slurm allocation"):
+        slurm_hosts({})
+
+
+def test_slurm_starts_each_child_with_an_srun_step_on_its_node(tmp_path, monkeypatch):
+    """A stand-in srun records its arguments and runs the command here, as srun would on the node."""
+    record = tmp_path / "srun.log"
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(f"#!/bin/sh\necho \"$@\" >> {record}\nwhile [ \"${{1#--}}\" != \"$1\" ]; do shift; done\n"
+                    "exec \"$@\"\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{srun.parent}{os.pathsep}{os.environ['PATH']}")
+    launcher = Slurm({"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"})
+    with Parent() as parent:
+        kids = parent.fork(2, launcher=launcher, address="127.0.0.1")
+        kids.exec(where)
+        assert [(r, h) for r, h, *_ in kids.wait()] == [(0, "node1"), (1, "node2")]
+    steps = record.read_text().splitlines()
+    assert len(steps) == 2 and all("--nodes=1 --ntasks=1" in s and "--overlap" in s for s in steps)
+    assert {s.split("--nodelist=")[1].split()[0] for s in steps} == {"node1", "node2"}
+    assert not any(parent._key.hex() in s for s in steps)           # the key is in the environment, not argv
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--launcher", "ssh"], "--launcher ssh needs the hosts"),
+    (["--launcher", "ssh", "--hosts", "node1:0"], "'node1:0' is not host:slots"),
+    (["--hosts", "node1:2"], "--hosts and --hostfile go with --launcher ssh, not local"),
+    (["--encrypt"], "--control-address and --encrypt are for workers on other hosts"),
+    (["--launcher", "slurm"], "SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE are not set"),
+    (["--launcher", "ssh", "--hostfile", "/nonexistent/hosts"], "--hostfile /nonexistent/hosts: No such file"),
+    (["--launcher", "ssh", "--hosts", "node1:2", "--mps"], "--workers-per-gpu and --mps work on one machine only"),
+])
+def test_bad_launcher_flags_are_one_line_errors(flags, message, tmp_path, monkeypatch, capsys):
+    for name in ("SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    assert message in train_error(*flags, "--log-dir", str(tmp_path), monkeypatch=monkeypatch, capsys=capsys)
