@@ -5,6 +5,7 @@ slurmctld/slurmd is not run here)."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
 
@@ -14,6 +15,7 @@ import torch
 from harness import ChildFailed, Parent
 from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from netns_hosts import Hosts, why_not
+from test_interrupt import interrupt
 from test_train import flat_params, run_train, train_error
 
 
@@ -92,6 +94,15 @@ def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, tmp_path,
                           name="ssh")
     _, local = run_train(tmp_path, *common, "--cpu-workers", "6", name="local")
     assert (flat_params(remote) - flat_params(local)).abs().max() <= 1e-6 * flat_params(local).abs().max()
+    assert harness_children(hosts) == []
+
+
+def test_sigterm_stops_a_run_on_three_hosts_at_one_update_with_a_checkpoint(hosts, tmp_path, monkeypatch):
+    """The signal reaches the remote workers as a message (their ssh clients run in sessions of their
+    own, out of reach of the terminal's Ctrl-C): they stop at one update and save, as on one machine."""
+    monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
+    interrupt(tmp_path, signal.SIGTERM, True, ["--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses),
+                                               "--epochs", "1000"])
     assert harness_children(hosts) == []
 
 
