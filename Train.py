@@ -484,6 +484,7 @@ def run_group(config: dict, kids: Children, marks: dict, interrupts: Interrupts 
         interrupts.watch(kids)
     try:
         kids.exec(train_worker, config)
+        progress.handle({"event": "workers", "pids": kids.pids, "hosts": kids.hosts})
         while True:
             try:
                 record = kids[0].receive()
@@ -491,7 +492,7 @@ def run_group(config: dict, kids: Children, marks: dict, interrupts: Interrupts 
                 recovery.heal(kids, failure)
                 continue
             if record["event"] == "healed":
-                record = recovery.healed(record)
+                record = {**recovery.healed(record), "pids": kids.pids}
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")

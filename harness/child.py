@@ -10,7 +10,8 @@ The child then serves: it waits for ``exec`` messages, runs each shipped functio
 
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
 ("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
-to remote children also ("heartbeat", None, None) and ("signal", None, signum).
+to remote children also ("heartbeat", None, None) and ("signal", None, signum); to a warm spare
+("assume", None, {"rank", "generation"}), which makes it the replacement of that rank.
 Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,
 ("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
@@ -207,6 +208,10 @@ class Context:
             return
         if kind == "signal":
             _record_signal(payload, None)
+        elif kind == "assume":      # a spare becomes a dead rank's replacement; its exec follows
+            self.rank, self.generation = payload["rank"], payload["generation"]
+            self.replacing = {"generation": self.generation, "replaced": self.rank}
+            os.environ["HARNESS_RANK"] = str(self.rank)
         elif kind == "exchange":
             self._exchanges[ident] = payload
         elif kind == "abort":
@@ -306,7 +311,8 @@ def _connect(ctx: Context, endpoint: str, key: bytes):
     from .link import Link, identity_of
     socket = zmq.Context.instance().socket(zmq.DEALER)
     secure(socket, os.environ)
-    socket.setsockopt(zmq.IDENTITY, identity_of(ctx.rank, ctx.generation))
+    spare = os.environ.pop("HARNESS_IDENTITY", "")      # a warm spare's, until it takes a rank's place
+    socket.setsockopt(zmq.IDENTITY, spare.encode() or identity_of(ctx.rank, ctx.generation))
     socket.setsockopt(zmq.LINGER, 10_000)
     socket.connect(endpoint)
     return Link(socket, key, ctx.dispatch, ctx.housekeeping)

@@ -14,8 +14,11 @@ messages; a failure names the child's host.
 
 A group forked with ``heal=True`` is not stopped when a child fails: the call still raises
 ``ChildFailed``, the survivors are still told to abort their collectives, but they stay alive,
-and ``replace(rank)`` starts a new child in the dead one's place, hands it the running exec and
-tells the survivors (harness/child.py: ``await_heal``). What the ranks do then is the running
+and ``replace(rank)`` puts a new child in the dead one's place, hands it the running exec and
+tells the survivors (harness/child.py: ``await_heal``). The new child is a warm spare where it can be:
+a CPU group keeps one child started and its preloads imported (torch, mostly: seconds on a busy
+machine), which takes the dead rank's place at once (an ("assume", None, {"rank", "generation"})
+message), and a new spare starts in the background. What the ranks do then is the running
 code's business (harness/heal.py is Train.py's); the caller may instead ``stop()`` the group.
 """
 from __future__ import annotations
@@ -143,6 +146,10 @@ class Children:
         self._stopping = False
         self._link = Link(socket, key, self._dispatch, self._housekeeping)
         self._children: list[_Child] = [self._start(rank) for rank in range(n)]
+        # Children alike but for their rank (CPU children) can be replaced by a spare started ahead.
+        self._spares = itertools.count()
+        self._spare: _Child | None = self._start_spare() if heal and not self._launcher.remote \
+            and all(not e.get("HARNESS_GPU") for e in environments) else None
         self._link.start()
         self._await_connections()
 
@@ -237,7 +244,7 @@ class Children:
             self._give_up(ChildFailed(rank, f"{reason}, and could not be healed: rank {ended[0]}'s function had "
                                             f"already ended", old.stderr_tail))
         self._generation += 1
-        child = self._start(rank, self._generation)
+        child = self._take_spare(rank) or self._start(rank, self._generation)
         child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
         self._children[rank] = child
         self._failure, self._first_error = None, None
@@ -255,14 +262,15 @@ class Children:
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop every child (asking first, then SIGKILL after ``grace`` s), reap them, close the socket."""
-        if self._stopping and all(c.process.returncode is not None for c in self._children):
+        everyone = self._children + ([self._spare] if self._spare is not None else [])
+        if self._stopping and all(c.process.returncode is not None for c in everyone):
             return
         self._stopping = True
-        for child in self._children:
+        for child in everyone:
             if child.process.poll() is None and child.connected:
                 self._send_if_alive(child, ("stop", None, None))
         deadline = time.monotonic() + grace
-        for child in self._children:
+        for child in everyone:
             try:
                 child.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -347,7 +355,30 @@ class Children:
         return _Child(rank, process, identity_of(rank, generation),
                       self._hosts[rank] if self._launcher.remote else None)
 
+    def _start_spare(self) -> _Child:
+        """A child with rank 0's environment, under an identity of its own, that imports the preloads
+        and waits to be told which rank it is."""
+        identity = f"spare:{next(self._spares)}"
+        process = self._launcher.start(self._hosts[0], {**self._environments[0], "HARNESS_IDENTITY": identity})
+        return _Child(-1, process, identity.encode())
+
+    def _take_spare(self, rank: int) -> _Child | None:
+        """The spare as ``rank``, in the current generation, if it is ready; a new spare starts meanwhile."""
+        spare = self._spare
+        if spare is None or not spare.ready or spare.process.poll() is not None:
+            return None
+        spare.rank = rank
+        self._send_if_alive(spare, ("assume", None, {"rank": rank, "generation": self._generation}))
+        self._spare = self._start_spare()
+        return spare
+
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
+        if self._spare is not None and sender == self._spare.identity:
+            self._spare.last_seen = time.monotonic()
+            if message[0] in ("hello", "ready"):
+                self._spare.connected = True
+                self._spare.ready = message[0] == "ready" or bool(message[2])
+            return
         rank = _rank_of(sender, [c.identity for c in self._children])
         if rank is None:
             log.warning("dropped a message from unknown peer %r", sender)

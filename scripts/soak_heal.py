@@ -69,9 +69,11 @@ def records(log_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
-def workers(session: int) -> list[int]:
-    """The training workers of the run whose session is ``session``."""
-    return [pid for pid in in_session(session) if b"harness.child" in _read(f"/proc/{pid}/cmdline")]
+def workers(found: list[dict]) -> list[int]:
+    """The run's training workers now, from its log: the "workers" record, and each heal's (not the
+    warm spare, which trains nothing until it takes a dead rank's place)."""
+    latest = [r["pids"] for r in found if r["event"] in ("workers", "recovered")]
+    return [pid for pid in (latest[-1] if latest else []) if os.path.exists(f"/proc/{pid}")]
 
 
 def in_session(session: int) -> list[int]:
@@ -97,14 +99,15 @@ def soak_run(work: Path, name: str, steps: int, workers_n: int, kills: int, rng:
     log_dir, signalled, stopped = work / name, [], []
     deadline = time.monotonic() + RUN_TIMEOUT
     while len(signalled) < kills and process.poll() is None and time.monotonic() < deadline:
-        events = [r["event"] for r in records(log_dir)]
+        found = records(log_dir)
+        events = [r["event"] for r in found]
         healed = events.count("recovered") + events.count("restart")
         last = max((i for i, e in enumerate(events) if e in ("recovered", "restart")), default=-1)
         if healed < len(signalled) or "step" not in events[last + 1:]:
             time.sleep(0.05)
             continue
         time.sleep(rng.uniform(0.0, 0.3))
-        pids = workers(process.pid)
+        pids = workers(found)
         if not pids:
             continue
         victim, sig = rng.choice(pids), rng.choice([signal.SIGKILL, signal.SIGSTOP])

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import kill_quietly
+from conftest import descendants, kill_quietly
 from harness import ChildFailed, Parent
 from harness.metrics import read_metrics
 from scripts.soak_heal import soak
@@ -140,10 +140,12 @@ def test_the_api_replaces_a_dead_child_and_the_survivors_go_on_with_it():
         kids = parent.fork(3, heal=True)
         kids.exec(count_to, 150, 0.01)
         assert kids[0].receive() == "counting"
+        started = set(descendants(os.getpid()))
         os.kill(kids.pids[1], signal.SIGKILL)
         with pytest.raises(ChildFailed, match="child 1 was killed by signal SIGKILL"):
             kids.wait()
         kids.replace(1)
+        assert kids.pids[1] in started        # the warm spare, started with the group, took rank 1's place
         results = kids.wait()
     assert [r[0] for r in results] == [150, 150, 150]
     assert [r[1:] for r in results] == [(1, 1), (0, 1), (1, 1)]     # the replacement joined in generation 1

@@ -43,7 +43,7 @@ class _Leaders:
     def __init__(self, ctx: Any, leaders: list[int]):
         self._ctx, self._ranks = ctx, leaders
         self.rank, self.world_size = leaders.index(ctx.rank), len(leaders)
-        self.gpu, self.device = ctx.gpu, ctx.device
+        self.gpu, self.device, self.host, self.address = ctx.gpu, ctx.device, ctx.host, ctx.address
 
     def exchange(self, tag: str, value: Any) -> list:
         return self._ctx.exchange(tag, value, ranks=self._ranks)
