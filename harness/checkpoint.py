@@ -27,9 +27,12 @@ def write_atomically(path: Path, obj: object) -> None:
 
     The data goes to a temp file in the same directory (os.replace is only atomic within one file
     system), is fsynced before the rename so the rename cannot overtake the data, and the directory is
-    fsynced after it so the rename itself survives a power cut. The temp file is removed on any failure.
+    fsynced after it so the rename itself survives a power cut. The temp file is removed on any failure;
+    a writer killed mid-write cannot remove its own, so a successful write removes what such writers
+    left of this path (never two writes to one path at once: harness/saver.py).
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix = f".{path.name}."
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
             torch.save(obj, file)
@@ -39,6 +42,9 @@ def write_atomically(path: Path, obj: object) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+    for name in os.listdir(path.parent):
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            (path.parent / name).unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 

@@ -35,17 +35,20 @@ import torch
 
 class Slow(torch.nn.Linear):
     """A linear model whose forward pass takes ``delay`` seconds, so that signals land mid-training
-    (the soak here, and the tests of signals, restarts and healing)."""
-    def __init__(self, inputs, outputs, delay):
+    (the soak here, and the tests of signals, restarts and healing). ``ballast``: that many floats
+    of an unused buffer, which make its checkpoints slow to write."""
+    def __init__(self, inputs, outputs, delay, ballast=0):
         super().__init__(inputs, outputs)
         self.delay = delay
+        if ballast:
+            self.register_buffer("ballast", torch.zeros(ballast))
 
     def forward(self, x):
         time.sleep(self.delay)
         return super().forward(x.flatten(1))
 
-def model(info, delay=0.25):
-    return Slow(64, info.num_classes, delay)
+def model(info, delay=0.25, ballast=0):
+    return Slow(64, info.num_classes, delay, ballast)
 '''
 RUN_TIMEOUT = 600.0
 

@@ -14,6 +14,7 @@ import torch
 
 from conftest import descendants, kill_quietly
 from harness import ChildFailed, Parent
+from harness.checkpoint import load_checkpoint
 from harness.metrics import read_metrics
 from scripts.soak_heal import soak
 from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
@@ -59,6 +60,32 @@ def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrup
 
     _, straight = run_train(tmp_path, *FLAGS, name="straight")
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))      # bit for bit
+
+
+def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_whole(tmp_path, monkeypatch):
+    """Rank 0 writes the checkpoints: SIGKILL it while its temp file is being written (an 80 MB
+    buffer makes that take a while). The previous checkpoint stays whole, the run heals and ends
+    bit for bit as the uninterrupted one, and the next save clears the dead writer's temp file."""
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = [*FLAGS, "--model-options", '{"delay": 0.03, "ballast": 20000000}']
+    process = start_train(tmp_path, *flags, "--max-restarts", "1")
+    writer = records_of(tmp_path, "workers")[0]["pids"][0]
+    first = wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".model.pt.*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.kill(writer, signal.SIGKILL)
+    assert list(tmp_path.glob(".model.pt.*.tmp")), "the kill missed the second checkpoint's write"
+    before = load_checkpoint(tmp_path / "model.pt")        # the first checkpoint, whole
+    assert before["step"] == next(r["step"] for r in first if r["event"] == "saved")
+    status, err, left, _ = finish(process, tmp_path)
+
+    assert status == 0, err
+    assert [(r["rank"], r["cause"]) for r in records_of(tmp_path, "recovered")] == [(0, "was killed by signal SIGKILL")]
+    assert not list(tmp_path.glob("*.tmp")) and left == []
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
 
 
 def test_param_mode_heals_from_the_survivors_average(tmp_path):
