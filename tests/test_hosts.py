@@ -15,7 +15,9 @@ import torch
 from harness import ChildFailed, Parent
 from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from netns_hosts import Hosts, why_not
-from test_interrupt import interrupt
+from harness.metrics import read_metrics
+from scripts.soak_heal import SLOW_MODEL
+from test_interrupt import finish, interrupt, start_train
 from test_train import flat_params, run_train, train_error
 
 
@@ -41,8 +43,13 @@ def all_reduce_forever(ctx) -> None:
 
 
 def harness_children(hosts: Hosts) -> list[int]:
+    return [pid for i in range(len(hosts.namespaces)) for pid in harness_children_in(hosts, i)]
+
+
+def harness_children_in(hosts: Hosts, index: int) -> list[int]:
+    """The harness children running on host ``index``."""
     found = []
-    for namespace in hosts.namespaces:
+    for namespace in hosts.namespaces[index:index + 1]:
         for pid in hosts.processes(namespace):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -94,6 +101,28 @@ def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, tmp_path,
                           name="ssh")
     _, local = run_train(tmp_path, *common, "--cpu-workers", "6", name="local")
     assert (flat_params(remote) - flat_params(local)).abs().max() <= 1e-6 * flat_params(local).abs().max()
+    assert harness_children(hosts) == []
+
+
+def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_uninterrupted_one(hosts, tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")      # as the local run's workers have: the same arithmetic
+    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = ["--model", "slow_model:model", "--model-options", '{"delay": 0.03}', "--batch-size", "8",
+             "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "5"]
+    remote = ["--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses), "--max-restarts", "1"]
+    process = start_train(tmp_path, *flags, *remote)
+    victim = harness_children_in(hosts, 1)
+    os.kill(victim[0], signal.SIGKILL)
+    status, err, left, _ = finish(process, tmp_path)
+
+    assert status == 0, err
+    heals = [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "recovered"]
+    assert [(r["rank"], r["generation"]) for r in heals] == [(1, 1)] and left == []
+    _, straight = run_train(tmp_path, *flags, "--cpu-workers", "3", name="straight")
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
     assert harness_children(hosts) == []
 
 
