@@ -280,12 +280,14 @@ class Context:
         except BaseException:
             outcome = ("error", traceback.format_exc())
         self._running, self.replacing = False, None
-        if outcome[0] == "error":
-            self._abort_owned()      # a collective of ours may be in flight: never wait on it
         try:
             self._link.send((outcome[0], exec_id, outcome[1]))
         except Exception:
             self._link.send(("error", exec_id, "the return value could not be sent back:\n" + traceback.format_exc()))
+        if outcome[0] == "error":
+            # A collective of ours may be in flight: never wait on it. Aborting it fails the peers' at
+            # once, so it comes after our error is on its way: the parent reports the cause first.
+            self._abort_owned()
         self._release()
 
     def _abort_owned(self) -> None:
