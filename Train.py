@@ -26,7 +26,7 @@ from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics,
 from harness.optim import IMPLS, OPTIMIZERS, check_options
 from harness.schedule import SCHEDULES, is_constant
 from harness.launch import LAUNCHERS, make_launcher
-from harness.placement import assign_on_hosts, resolve_gpus, visible_gpus
+from harness.placement import host_gpus, resolve_gpus, visible_gpus
 
 DEFAULT_SAVE = "checkpoints/model.pt"
 
@@ -194,14 +194,8 @@ def remote_plan(args: argparse.Namespace) -> tuple[list[int], int]:
                           f"{args.launcher}")
     try:
         launcher = make_launcher(args.launcher, args.hosts, args.hostfile)
-        spec = args.gpus if args.gpus is not None else ("all" if visible_gpus() else None)
-        assign_on_hosts([(0, 1)], spec)         # its checks
-        if spec is None:
-            gpus = []
-        elif spec.strip().lower() == "all":
-            gpus = list(range(max(h.slots for h in launcher.hosts)))
-        else:
-            gpus = [int(g) for g in spec.split(",") if g.strip()]
+        gpus = host_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None),
+                         max(h.slots for h in launcher.hosts))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return gpus, launcher.slots

@@ -33,6 +33,7 @@ replacement is a fresh child that starts the same exec with ``ctx.replacing`` se
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import json
 import os
@@ -90,7 +91,7 @@ class Context:
         """The number of the last SIGINT or SIGTERM this child received, or None."""
         return _interrupted
 
-    @property
+    @functools.cached_property
     def address(self) -> str:
         """This child's address where its peers can reach it: loopback when the group runs on one
         machine; across hosts, the address of its interface on the route to the parent."""

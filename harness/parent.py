@@ -125,7 +125,7 @@ class ChildHandle:
 class Children:
     """A group of child workers, ranks 0..n-1. Made by ``Parent.fork``."""
 
-    def __init__(self, n: int, key: bytes, endpoint: str, socket: zmq.Socket, environments: list[dict[str, str]],
+    def __init__(self, n: int, key: bytes, socket: zmq.Socket, environments: list[dict[str, str]],
                  heartbeat_timeout: float, heal: bool = False, launcher: Launcher | None = None,
                  hosts: Sequence[str] = ()):
         self._key = key
@@ -262,7 +262,7 @@ class Children:
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop every child (asking first, then SIGKILL after ``grace`` s), reap them, close the socket."""
-        everyone = self._children + ([self._spare] if self._spare is not None else [])
+        everyone = self._everyone()
         if self._stopping and all(c.process.returncode is not None for c in everyone):
             return
         self._stopping = True
@@ -355,6 +355,10 @@ class Children:
         return _Child(rank, process, identity_of(rank, generation),
                       self._hosts[rank] if self._launcher.remote else None)
 
+    def _everyone(self) -> list[_Child]:
+        """The children, and the warm spare if there is one."""
+        return self._children + ([self._spare] if self._spare is not None else [])
+
     def _start_spare(self) -> _Child:
         """A child with rank 0's environment, under an identity of its own, that imports the preloads
         and waits to be told which rank it is."""
@@ -373,23 +377,20 @@ class Children:
         return spare
 
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
-        if self._spare is not None and sender == self._spare.identity:
-            self._spare.last_seen = time.monotonic()
-            if message[0] in ("hello", "ready"):
-                self._spare.connected = True
-                self._spare.ready = message[0] == "ready" or bool(message[2])
-            return
-        rank = _rank_of(sender, [c.identity for c in self._children])
-        if rank is None:
+        # By current identity: a replaced child's old one is nobody's.
+        child = next((c for c in self._everyone() if c.identity == sender), None)
+        if child is None:
             log.warning("dropped a message from unknown peer %r", sender)
             return
-        child = self._children[rank]
         child.last_seen = time.monotonic()
         kind, ident, payload = message
+        rank = child.rank
         if kind == "hello":
             child.connected, child.ready = True, bool(payload)
         elif kind == "ready":
             child.ready = True
+        elif child is self._spare:      # it runs nothing until it takes a dead rank's place
+            return
         elif kind == "print":
             print(f"[{rank}] {payload}", flush=True)
         elif kind in ("yield", "data") and ident == self._exec_id:      # what older execs left is moot
@@ -452,17 +453,15 @@ class Children:
     def _talk_to_remote_children(self) -> None:
         """Forward the signals ``signal()`` noted, and send heartbeats: a child that hears nothing
         from the parent for the heartbeat timeout exits (its host may have been cut off from ours)."""
-        now, signals = time.monotonic(), self._signals
-        beat = now - self._last_heartbeat >= HEARTBEAT_INTERVAL
-        if not (signals or beat):
-            return
-        self._signals, self._last_heartbeat = [], now if beat else self._last_heartbeat
+        signals, self._signals = self._signals, []
+        messages = [("signal", None, signum) for signum in signals]
+        if time.monotonic() - self._last_heartbeat >= HEARTBEAT_INTERVAL:
+            self._last_heartbeat = time.monotonic()
+            messages.append(("heartbeat", None, None))
         for child in self._children:
             if child.connected and child.process.poll() is None:
-                for signum in signals:
-                    self._send_if_alive(child, ("signal", None, signum))
-                if beat:
-                    self._send_if_alive(child, ("heartbeat", None, None))
+                for message in messages:
+                    self._send_if_alive(child, message)
 
     def _find_deaths(self) -> None:
         if self._failure is not None:
@@ -495,14 +494,6 @@ class Children:
             self.stop(grace=1.0)
             raise ChildFailed(late[0].rank, f"did not connect within {START_TIMEOUT:.0f} s (ranks "
                                             f"{[c.rank for c in late]})", late[0].stderr_tail, late[0].host)
-
-
-def _rank_of(identity: bytes | None, identities: list[bytes]) -> int | None:
-    """The rank of the child that has this identity now (a replaced child's old one is nobody's)."""
-    try:
-        return identities.index(identity)
-    except ValueError:
-        return None
 
 
 class Parent:
@@ -544,7 +535,7 @@ class Parent:
         extra = {**(env or {}), **secrets, "HARNESS_PRELOAD": ",".join(preload)}
         environments = [self._environment(rank, n, gpu, where, extra, place, launcher.remote)
                         for rank, (gpu, place) in enumerate(zip(assigned, places))]
-        group = Children(n, self._key, where, socket, environments, self.heartbeat_timeout, heal, launcher,
+        group = Children(n, self._key, socket, environments, self.heartbeat_timeout, heal, launcher,
                          [host for host, _, _ in places])
         self._groups.append(group)
         return group

@@ -58,11 +58,21 @@ def resolve_gpus(gpus: GpuSpec) -> list[int]:
     if gpus is None:
         return []
     available = visible_gpus()
+    if isinstance(gpus, str) and gpus.strip().lower() == "all":
+        if not available:
+            raise ValueError("gpus='all' but no GPU was found; run on CPU workers (gpus=None)")
+        return list(range(len(available)))
+    indices = gpu_indices(gpus)
+    for index in indices:
+        if not isinstance(index, int) or not 0 <= index < len(available):
+            raise ValueError(f"GPU {index!r} requested but {len(available)} GPU(s) found"
+                             f"{' (indices 0..' + str(len(available) - 1) + ')' if available else ''}")
+    return indices
+
+
+def gpu_indices(gpus: str | Sequence[int]) -> list[int]:
+    """"0,1" or [0, 1] as a list of indices, each once; not yet checked against any machine's GPUs."""
     if isinstance(gpus, str):
-        if gpus.strip().lower() == "all":
-            if not available:
-                raise ValueError("gpus='all' but no GPU was found; run on CPU workers (gpus=None)")
-            return list(range(len(available)))
         try:
             gpus = [int(g) for g in gpus.split(",") if g.strip()]
         except ValueError:
@@ -72,10 +82,19 @@ def resolve_gpus(gpus: GpuSpec) -> list[int]:
         raise ValueError("gpus is empty; pass None for CPU workers or at least one GPU index")
     if len(set(indices)) != len(indices):
         raise ValueError(f"gpus={indices} names a GPU twice; list each GPU once")
-    for index in indices:
-        if not isinstance(index, int) or not 0 <= index < len(available):
-            raise ValueError(f"GPU {index!r} requested but {len(available)} GPU(s) found"
-                             f"{' (indices 0..' + str(len(available) - 1) + ')' if available else ''}")
+    return indices
+
+
+def host_gpus(gpus: GpuSpec, most: int) -> list[int]:
+    """The GPU indices children on other hosts use, which this machine cannot see: "all" is 0..most-1
+    (a GPU for each child of the host with the most), "0,1" those indices on every host."""
+    if gpus is None:
+        return []
+    if isinstance(gpus, str) and gpus.strip().lower() == "all":
+        return list(range(most))
+    indices = gpu_indices(gpus)
+    if min(indices) < 0:
+        raise ValueError(f"gpus={gpus!r}: GPU indices start at 0")
     return indices
 
 
@@ -87,19 +106,10 @@ def assign(n: int, gpus: Sequence[int]) -> list[int | None]:
 
 
 def assign_on_hosts(places: Sequence[tuple[int, int]], gpus: GpuSpec) -> list[int | None]:
-    """GPUs of children on other hosts, which this machine cannot see; ``places``: (index among the
-    host's children, their number) per child. "all" gives each of a host's children its own GPU
-    (0, 1, ...); a list of indices is shared out on each host as ``assign`` does here."""
-    if gpus is None:
-        return [None] * len(places)
-    if isinstance(gpus, str) and gpus.strip().lower() == "all":
-        return [index for index, _ in places]
-    try:
-        indices = [int(g) for g in gpus.split(",") if g.strip()] if isinstance(gpus, str) else list(gpus)
-    except ValueError:
-        raise ValueError(f"gpus={gpus!r}: expected 'all' or comma-separated GPU indices like '0,1'") from None
-    if not indices or len(set(indices)) != len(indices) or min(indices) < 0:
-        raise ValueError(f"gpus={gpus!r}: name each host's GPUs once, as indices >= 0")
+    """GPUs of children on other hosts (``host_gpus``); ``places``: (index among the host's children,
+    their number) per child. Each host's children are spread over its GPUs as ``assign`` does here,
+    so with "all" each child has a GPU of its own."""
+    indices = host_gpus(gpus, max((count for _, count in places), default=0))
     return [assign(count, indices)[index] for index, count in places]
 
 

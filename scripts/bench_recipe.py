@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from scripts.bench_vs_ddp import autocast_for, build, spec_for, time_windows  # noqa: E402
+from scripts.bench_vs_ddp import autocast_for, build, join, spec_for, time_windows  # noqa: E402
 
 VARIANTS = ("ddp", "harness", "ddp-eager", "harness-eager", "harness+graph")
 TOTAL, WARMUP_LR = 10_000, 100          # the schedule's length and warm-up, in updates
@@ -111,12 +111,7 @@ def make_variant(variant: str, spec: dict, comm):
 def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int) -> dict:
     import torch
     import torch.distributed as dist
-    from harness.comm.store import init_torch_distributed
-    torch.cuda.set_device(0)
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    comm = ctx.communicator()
-    init_torch_distributed(ctx, "nccl")
+    comm = join(ctx)
     results: dict = {}
     for spec in specs:
         for variant in variants:

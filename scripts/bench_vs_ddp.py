@@ -154,15 +154,23 @@ def profile_steps(step, steps: int = 5) -> dict:
             "gpu_table": events.table(sort_by="self_device_time_total", row_limit=8, max_name_column_width=48)}
 
 
-def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int,
-                 profile: bool = False) -> dict:
+def join(ctx):
+    """A benchmark worker's start: its GPU, cuDNN autotuning and TF32 on, this harness's communicator
+    and torch.distributed's default group (for DDP) over the same ranks. Returns the communicator."""
     import torch
-    import torch.distributed as dist
     torch.cuda.set_device(0)
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     comm = ctx.communicator()
     init_torch_distributed(ctx, "nccl")
+    return comm
+
+
+def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int,
+                 profile: bool = False) -> dict:
+    import torch
+    import torch.distributed as dist
+    comm = join(ctx)
     results: dict = {}
     for spec in specs:
         for variant in variants:

@@ -49,6 +49,19 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def harness_children(pids) -> list[int]:
+    """Those of ``pids`` that are harness children (python -m harness.child), not loader processes."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"harness.child" in f.read():
+                    found.append(pid)
+        except FileNotFoundError:
+            pass
+    return found
+
+
 def kill_quietly(pid: int, sig=signal.SIGKILL) -> None:
     try:
         os.kill(pid, sig)

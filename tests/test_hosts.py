@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from conftest import harness_children
 from harness import ChildFailed, Parent
 from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from netns_hosts import Hosts, why_not
@@ -42,22 +43,10 @@ def all_reduce_forever(ctx) -> None:
         comm.all_reduce(ones, op="avg")
 
 
-def harness_children(hosts: Hosts) -> list[int]:
-    return [pid for i in range(len(hosts.namespaces)) for pid in harness_children_in(hosts, i)]
-
-
-def harness_children_in(hosts: Hosts, index: int) -> list[int]:
-    """The harness children running on host ``index``."""
-    found = []
-    for namespace in hosts.namespaces[index:index + 1]:
-        for pid in hosts.processes(namespace):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"harness.child" in f.read():
-                        found.append(pid)
-            except FileNotFoundError:
-                pass
-    return found
+def children_on(hosts: Hosts, index: int | None = None) -> list[int]:
+    """The harness children running on host ``index`` (None: on any host)."""
+    spaces = hosts.namespaces if index is None else hosts.namespaces[index:index + 1]
+    return harness_children([pid for namespace in spaces for pid in hosts.processes(namespace)])
 
 
 def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_leaves_nothing(hosts, monkeypatch):
@@ -89,9 +78,9 @@ def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_
     print(f"host cut off: ChildFailed after {noticed:.1f} s (heartbeat timeout 5 s)")
     # The survivors' children ended with their ssh sessions; the cut-off host's, when the parent fell silent.
     deadline = time.monotonic() + 15
-    while harness_children(hosts) and time.monotonic() < deadline:
+    while children_on(hosts) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert harness_children(hosts) == []
+    assert children_on(hosts) == []
 
 
 def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, tmp_path, monkeypatch):
@@ -101,7 +90,7 @@ def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, tmp_path,
                           name="ssh")
     _, local = run_train(tmp_path, *common, "--cpu-workers", "6", name="local")
     assert (flat_params(remote) - flat_params(local)).abs().max() <= 1e-6 * flat_params(local).abs().max()
-    assert harness_children(hosts) == []
+    assert children_on(hosts) == []
 
 
 def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_uninterrupted_one(hosts, tmp_path,
@@ -114,7 +103,7 @@ def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_u
              "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "5"]
     remote = ["--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses), "--max-restarts", "1"]
     process = start_train(tmp_path, *flags, *remote)
-    victim = harness_children_in(hosts, 1)
+    victim = children_on(hosts, 1)
     os.kill(victim[0], signal.SIGKILL)
     status, err, left, _ = finish(process, tmp_path)
 
@@ -123,7 +112,7 @@ def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_u
     assert [(r["rank"], r["generation"]) for r in heals] == [(1, 1)] and left == []
     _, straight = run_train(tmp_path, *flags, "--cpu-workers", "3", name="straight")
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
-    assert harness_children(hosts) == []
+    assert children_on(hosts) == []
 
 
 def test_sigterm_stops_a_run_on_three_hosts_at_one_update_with_a_checkpoint(hosts, tmp_path, monkeypatch):
@@ -132,7 +121,7 @@ def test_sigterm_stops_a_run_on_three_hosts_at_one_update_with_a_checkpoint(host
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
     interrupt(tmp_path, signal.SIGTERM, True, ["--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses),
                                                "--epochs", "1000"])
-    assert harness_children(hosts) == []
+    assert children_on(hosts) == []
 
 
 def test_hosts_and_hostfiles_are_parsed(tmp_path):

@@ -8,7 +8,7 @@ import signal
 
 import torch
 
-from conftest import descendants, kill_quietly
+from conftest import descendants, harness_children, kill_quietly
 from harness.checkpoint import load_checkpoint
 from harness.metrics import read_metrics
 from harness.saver import BackgroundSaver
@@ -21,15 +21,7 @@ FLAGS = ["--model", "slow_model:model", "--model-options", '{"delay": 0.05}', "-
 
 def workers_of(process) -> list[int]:
     """The training workers (python -m harness.child), not their loader processes."""
-    found = []
-    for pid in descendants(process.pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"harness.child" in f.read():
-                    found.append(pid)
-        except FileNotFoundError:
-            pass
-    return found
+    return harness_children(descendants(process.pid))
 
 
 def after_restarts(restarts: int, event: str):
