@@ -422,11 +422,11 @@ def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_time
     them. With --mps the private daemon starts first and outlives the workers: MPS only quits once
     its clients are gone. ``heal``: a dead worker does not stop the group (harness/recovery.py).
     ``place``: placement_flags(), where they start (harness/launch.py)."""
-    launcher = make_launcher(place["launcher"], place["hosts"], place["hostfile"])
     with mps_for(mps, log_dir) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
         try:
             group = parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS, heal=heal,
-                                launcher=launcher, address=place["control_address"], encrypt=place["encrypt"])
+                                launcher=place["launcher"], hosts=place["hosts"], hostfile=place["hostfile"],
+                                address=place["control_address"], encrypt=place["encrypt"])
         except ValueError as e:         # e.g. no address to listen on for the hosts
             raise ConfigError(str(e)) from None
         yield group

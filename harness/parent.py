@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import zmq
 
 from . import endpoint, placement, wire
-from .launch import Launcher, Local
+from .launch import Launcher, Local, make_launcher
 from .link import HEARTBEAT_INTERVAL, Link, identity_of
 
 log = logging.getLogger("harness")
@@ -512,19 +512,22 @@ class Parent:
         self._count = itertools.count()
 
     def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None,
-             preload: Sequence[str] = (), heal: bool = False, launcher: Launcher | None = None,
-             address: str | None = None, encrypt: bool = False) -> Children:
+             preload: Sequence[str] = (), heal: bool = False, launcher: Launcher | str | None = None,
+             hosts: str | None = None, hostfile: str | None = None, address: str | None = None,
+             encrypt: bool = False) -> Children:
         """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices.
         ``preload``: modules each child imports while it waits for its first exec (torch, say), so
         that a fork made before the parent's own slow work overlaps it. ``heal``: a failed child does
         not stop the group; ``Children.replace`` starts another in its place.
         ``launcher``: where they start (harness/launch.py: ``Local()``, the default, ``Ssh(hosts)``,
-        ``Slurm()``); on other hosts ``gpus`` names each host's GPUs ("all": one per child). Remote
+        ``Slurm()``, or by name as Train.py's flags say it: "local", "ssh" with ``hosts="node1:8,node2:8"``
+        or ``hostfile``, "slurm"); on other hosts ``gpus`` names each host's GPUs ("all": one per child). Remote
         children reach the parent over TCP at ``address`` (default: this machine's address on the
         route to the first host); ``encrypt`` adds CurveZMQ to the signing (harness/endpoint.py)."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n={n!r}): n must be a positive integer")
-        launcher = launcher or Local()
+        if launcher is None or isinstance(launcher, str):
+            launcher = make_launcher(launcher or "local", hosts, hostfile)
         places = launcher.place(n)
         if launcher.remote:
             assigned = placement.assign_on_hosts([(index, count) for _, index, count in places], gpus)

@@ -53,7 +53,7 @@ def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
     spaces = [f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]" for ns in hosts.namespaces]
     with Parent(heartbeat_timeout=5.0) as parent:       # the functions' module imports torch: preloaded
-        kids = parent.fork(6, launcher=Ssh([Host(a, 2) for a in hosts.addresses]), encrypt=True,
+        kids = parent.fork(6, launcher="ssh", hosts=",".join(f"{a}:2" for a in hosts.addresses), encrypt=True,
                            preload=("torch", "harness.comm.gloo", "test_hosts"))
         assert kids.hosts == hosts.addresses
         kids.exec(where)
