@@ -138,10 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "in place (see --heal) or else every worker restarts from the last checkpoint; an exception in "
            "the training code is not retried")
     a("--heal", choices=("on", "off"), default=None,
-      help="with --max-restarts: on (the default for CPU workers) replaces a dead worker while the others "
-           "wait, and the survivors hand it their state, so only the interrupted update is redone; off "
-           "restarts every worker from the last checkpoint (the default for GPU workers, where healing "
-           "in place is not built yet)")
+      help="with --max-restarts: on (the default) replaces a dead worker while the others wait, and the "
+           "survivors hand it their state, so only the interrupted update is redone; off restarts every worker "
+           "from the last checkpoint (the default with --workers-per-gpu above 1, where healing in place is "
+           "not built yet)")
     return p.parse_args(argv)
 
 
@@ -179,9 +179,10 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
         raise ConfigError(f"--max-restarts must not be negative, got {args.max_restarts}")
     if args.heal == "on" and not args.max_restarts:
         raise ConfigError("--heal on needs --max-restarts N (how many failures the run may survive), e.g. 3")
-    if args.heal == "on" and gpus:
-        raise ConfigError("--heal on: healing in place is built for CPU workers only so far; GPU workers restart "
-                          "from the last checkpoint (drop --heal on, and save often with --save-every-steps)")
+    if args.heal == "on" and gpus and args.workers_per_gpu > 1:
+        raise ConfigError(f"--heal on: healing in place is not built for workers sharing a GPU (--workers-per-gpu "
+                          f"{args.workers_per_gpu}); they restart from the last checkpoint (drop --heal on, and save "
+                          f"often with --save-every-steps)")
     return gpus, count
 
 
@@ -209,7 +210,7 @@ def placement_flags(args: argparse.Namespace) -> dict:
 
 def heals_in_place(args: argparse.Namespace, gpus: list[int]) -> bool:
     """Whether a dead worker is replaced and healed from the survivors (else the group restarts)."""
-    return bool(args.max_restarts) and args.heal != "off" and not gpus
+    return bool(args.max_restarts) and args.heal != "off" and not (gpus and args.workers_per_gpu > 1)
 
 
 def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:

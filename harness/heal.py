@@ -54,10 +54,14 @@ def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GR
     """After ``error`` (a failed collective, say) was raised on this rank: if the parent reports a dead
     peer, wait for its replacement and return a communicator over the new generation (``ctx.generation``
     says which). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
-    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser)."""
+    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser), and
+    its CUDA graph only after this returns (the graph's memory must outlive its queued replays)."""
     # The error's frames hold the failed work handles, which hold the process group's sockets open.
     traceback.clear_frames(error.__traceback__)
     ctx.release(comm)
+    if comm.device_type == "cuda":
+        # What was queued behind the aborted collectives (they return at once now) ends here.
+        torch.cuda.synchronize()
     gc.collect()
     if ctx.await_heal(grace) is None:
         return None

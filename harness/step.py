@@ -134,7 +134,8 @@ class GraphedTrainStep(TrainStep):
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x, non_blocking=True)
         self.y.copy_(y, non_blocking=True)
-        self.graph.replay()
+        with self.sync.comm.launching():     # the graph holds the communicator's collectives
+            self.graph.replay()
         return self.loss
 
 

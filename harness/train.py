@@ -302,6 +302,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
                 raise
             sync.close()
             comm = rejoin(ctx, comm, error)
+            train_step = vote = None        # after rejoin's device synchronisation: a graph frees its memory
             if comm is None:
                 raise
             heal(Where(epoch, step, position, best_error, stale))

@@ -2,8 +2,11 @@
 the run finished exactly where an uninterrupted one does.
 
     python scripts/soak_heal.py --runs 2 --kills 10 --out bench/results/soak.jsonl
+    python scripts/soak_heal.py --gpus 0,1 --train-flags "--model resnet50 --dataset synthetic ..."
 
-Each run trains the same CPU (gloo) job with --max-restarts equal to the kills. Whenever training has
+Each run trains the same job with --max-restarts equal to the kills: by default a CPU (gloo) job
+on a linear model slowed down to 20 ms a step; with --gpus, GPU workers (NCCL) on what
+--train-flags says (model, data, batch). Whenever training has
 gone on after the last heal, a random worker gets SIGKILL or SIGSTOP (a hang: the parent kills it
 after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
 parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -53,11 +57,15 @@ def model(info, delay=0.25, ballast=0):
 RUN_TIMEOUT = 600.0
 
 
-def flags(work: Path, name: str, steps: int, workers: int, kills: int) -> list[str]:
-    return ["--model", "soak_model:model", "--model-options", '{"delay": 0.02}', "--batch-size", "8", "--cpu-workers", str(workers),
-            "--max-steps", str(steps), "--save", str(work / f"{name}.pt"), "--log-dir", str(work / name),
-            "--save-every-steps", "50", "--heartbeat-timeout", "2",
-            *(["--max-restarts", str(kills), "--heal", "on"] if kills else [])]
+def cpu_job(workers: int) -> list[str]:
+    """The default job: CPU workers on a linear model whose steps take 20 ms."""
+    return ["--model", "soak_model:model", "--model-options", '{"delay": 0.02}', "--batch-size", "8",
+            "--cpu-workers", str(workers), "--heartbeat-timeout", "2"]
+
+
+def flags(work: Path, name: str, job: list[str], steps: int, kills: int, save_every: int) -> list[str]:
+    return [*job, "--max-steps", str(steps), "--save", str(work / f"{name}.pt"), "--log-dir", str(work / name),
+            "--save-every-steps", str(save_every), *(["--max-restarts", str(kills), "--heal", "on"] if kills else [])]
 
 
 def start(work: Path, args: list[str]) -> subprocess.Popen:
@@ -97,8 +105,9 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def soak_run(work: Path, name: str, steps: int, workers_n: int, kills: int, rng: random.Random) -> dict:
-    process = start(work, flags(work, name, steps, workers_n, kills))
+def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save_every: int,
+             rng: random.Random) -> dict:
+    process = start(work, flags(work, name, job, steps, kills, save_every))
     log_dir, signalled, stopped = work / name, [], []
     deadline = time.monotonic() + RUN_TIMEOUT
     while len(signalled) < kills and process.poll() is None and time.monotonic() < deadline:
@@ -149,21 +158,25 @@ def soak_run(work: Path, name: str, steps: int, workers_n: int, kills: int, rng:
             "restarts": sum(r["event"] == "restart" for r in found)}
 
 
-def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0) -> list[dict]:
-    """The soak's rows, one per run (see the module's docstring)."""
+def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
+         train_flags: list[str] | None = None, save_every: int = 50) -> list[dict]:
+    """The soak's rows, one per run (see the module's docstring). ``gpus`` ("0,1"): GPU workers on the
+    job ``train_flags`` describes, instead of the default CPU job."""
     rng = random.Random(seed)
     rows = []
+    job = ["--gpus", gpus, *(train_flags or [])] if gpus else cpu_job(workers_n)
+    model = job[job.index("--model") + 1] if gpus and "--model" in job else "soak_model (Linear 64x10 on digits)"
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(tmp)
         (work / "soak_model.py").write_text(SLOW_MODEL)
-        straight = start(work, flags(work, "straight", steps, workers_n, 0))
+        straight = start(work, flags(work, "straight", job, steps, 0, save_every))
         _, err = straight.communicate(timeout=RUN_TIMEOUT)
         if straight.returncode != 0:
             raise RuntimeError(f"the uninterrupted run failed:\n{err}")
         expected = torch.load(work / "straight.pt", map_location="cpu", weights_only=False)["model"]
         for run in range(runs):
             name = f"soak-{run}"
-            result = soak_run(work, name, steps, workers_n, kills, rng)
+            result = soak_run(work, name, job, steps, kills, save_every, rng)
             saved = work / f"{name}.pt"
             diff, finished = None, False
             if result["process_status"] == 0 and saved.exists():
@@ -171,8 +184,9 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                 diff = max((final["model"][k].double() - v.double()).abs().max().item() for k, v in expected.items())
                 finished = final["step"] == steps
             recover = result["recover"]
-            rows.append({"model": "soak_model (Linear 64x10 on digits)", "gpus": 0, "workers": workers_n,
-                         "backend": "gloo", "kills": len(result["signals"]), "signals": result["signals"],
+            rows.append({"model": model, "gpus": len(gpus.split(",")) if gpus else 0,
+                         "workers": len(gpus.split(",")) if gpus else workers_n, "backend": "nccl" if gpus else "gloo",
+                         "kills": len(result["signals"]), "signals": result["signals"],
                          "recover_s_median": statistics.median(recover) if recover else None,
                          "recover_s_max": max(recover) if recover else None,
                          "steps_lost_max": max(result["steps_lost"], default=None),
@@ -187,11 +201,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--kills", type=int, default=10, help="signals per run")
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--workers", type=int, default=3, help="CPU workers of the default job")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpus", default=None, help="GPU workers on these GPUs, e.g. 0,1 (default: the CPU job)")
+    p.add_argument("--train-flags", default="", help="with --gpus: Train.py's flags for the job (model, data, batch)")
+    p.add_argument("--save-every-steps", type=int, default=50)
     p.add_argument("--out", default=None, help="append the JSON rows to this file")
     args = p.parse_args()
-    rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed)
+    rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed, args.gpus, shlex.split(args.train_flags),
+                args.save_every_steps)
     for row in rows:
         line = json.dumps(row)
         print(line)
