@@ -24,6 +24,15 @@ others still have everything it had. The parent starts a replacement for the dea
 
 Only what the communicator carries is used: nothing goes through the parent but the small
 ``Where`` records and the optimizer state's layout.
+
+GPU workers need one thing more (``Ticket``). NCCL collectives are asynchronous: when a peer
+dies, the kernels queued behind an aborted all-reduce still run, the optimizer's step among them,
+on a gradient averaged only in part, and the CPU may be several updates ahead of the GPU by then.
+So each update's collectives end with a one-element all-reduce to which every rank adds 1. It sums
+to the world size only if every rank reached it (after an abort NCCL's kernels return without
+completing it), and only then does the update apply: a fused optimizer skips its step where
+``found_inf`` (the flag AMP's grad scaler uses) is nonzero. The ticket also counts the updates
+applied, on the GPU: that, not the CPU's counter, is where a rank stands when the group heals.
 """
 from __future__ import annotations
 
@@ -48,6 +57,42 @@ class Where:
     position: int
     best_error: float
     stale: int
+
+
+class Ticket:
+    """The guard of a GPU worker's updates (see the module's docstring). ``punch()`` goes after the
+    update's gradient collectives and before the optimizer's step (a CUDA graph captures it);
+    ``optimizer`` must be a fused one, which honours ``found_inf``. ``step``: updates done so far."""
+
+    def __init__(self, comm: Any, optimizer: torch.optim.Optimizer, step: int):
+        self._comm = comm
+        device = torch.device("cuda", torch.cuda.current_device())
+        self._ticket = torch.ones(1, dtype=torch.int32, device=device)
+        self._skip = torch.zeros(1, dtype=torch.float32, device=device)
+        self.count = torch.full((1,), step, dtype=torch.int64, device=device)   # updates applied
+        optimizer.found_inf = self._skip
+
+    def punch(self) -> None:
+        self._ticket.fill_(1)
+        self._comm.all_reduce(self._ticket)
+        complete = self._ticket == self._comm.size
+        self._skip.copy_(~complete)
+        self.count.add_(complete)
+
+    def reset(self, step: int) -> None:
+        """After updates that were undone (a CUDA graph's warm-up)."""
+        self.count.fill_(step)
+
+    def applied(self) -> int:
+        """Updates applied; waits for the GPU."""
+        return int(self.count.item())
+
+
+def rewind(where: Where, applied: int, steps_per_epoch: int) -> Where:
+    """``where`` moved back to the update ``applied``: the CPU had gone ahead of what the GPU applied."""
+    lost = where.step - applied
+    epochs, position = divmod(where.position - lost, steps_per_epoch)
+    return Where(where.epoch + epochs, applied, position, where.best_error, where.stale)
 
 
 def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GRACE) -> Any | None:

@@ -106,7 +106,7 @@ def _read(path: str) -> bytes:
 
 
 def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save_every: int,
-             rng: random.Random) -> dict:
+             rng: random.Random, signals: list[signal.Signals]) -> dict:
     process = start(work, flags(work, name, job, steps, kills, save_every))
     log_dir, signalled, stopped = work / name, [], []
     deadline = time.monotonic() + RUN_TIMEOUT
@@ -122,7 +122,7 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
         pids = workers(found)
         if not pids:
             continue
-        victim, sig = rng.choice(pids), rng.choice([signal.SIGKILL, signal.SIGSTOP])
+        victim, sig = rng.choice(pids), rng.choice(signals)
         os.kill(victim, sig)
         signalled.append((time.time(), sig.name))
         if sig == signal.SIGSTOP:
@@ -155,11 +155,13 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
     return {"process_status": process.returncode, "stderr_tail": messages[-3:], "hung": hung,
             "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
             "steps_lost": [r["steps_lost"] for r in heals],
+            "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' for r in found if r["event"] in ("recovered", "restart")],
             "restarts": sum(r["event"] == "restart" for r in found)}
 
 
 def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
-         train_flags: list[str] | None = None, save_every: int = 50) -> list[dict]:
+         train_flags: list[str] | None = None, save_every: int = 50,
+         signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP")) -> list[dict]:
     """The soak's rows, one per run (see the module's docstring). ``gpus`` ("0,1"): GPU workers on the
     job ``train_flags`` describes, instead of the default CPU job."""
     rng = random.Random(seed)
@@ -176,7 +178,7 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
         expected = torch.load(work / "straight.pt", map_location="cpu", weights_only=False)["model"]
         for run in range(runs):
             name = f"soak-{run}"
-            result = soak_run(work, name, job, steps, kills, save_every, rng)
+            result = soak_run(work, name, job, steps, kills, save_every, rng, [signal.Signals[s] for s in signals])
             saved = work / f"{name}.pt"
             diff, finished = None, False
             if result["process_status"] == 0 and saved.exists():
@@ -192,7 +194,8 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                          "steps_lost_max": max(result["steps_lost"], default=None),
                          "max_abs_diff_vs_uninterrupted": diff, "restarts": result["restarts"],
                          "finished": finished,
-                         "orphans": result["orphans"], "hung": result["hung"], "stderr_tail": result["stderr_tail"]})
+                         "orphans": result["orphans"], "hung": result["hung"], "causes": result["causes"],
+                         "stderr_tail": result["stderr_tail"]})
     return rows
 
 
@@ -206,10 +209,11 @@ def main() -> None:
     p.add_argument("--gpus", default=None, help="GPU workers on these GPUs, e.g. 0,1 (default: the CPU job)")
     p.add_argument("--train-flags", default="", help="with --gpus: Train.py's flags for the job (model, data, batch)")
     p.add_argument("--save-every-steps", type=int, default=50)
+    p.add_argument("--signals", default="SIGKILL,SIGSTOP", help="the signals to send, chosen at random")
     p.add_argument("--out", default=None, help="append the JSON rows to this file")
     args = p.parse_args()
     rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed, args.gpus, shlex.split(args.train_flags),
-                args.save_every_steps)
+                args.save_every_steps, tuple(args.signals.split(",")))
     for row in rows:
         line = json.dumps(row)
         print(line)
