@@ -33,6 +33,7 @@ replacement is a fresh child that starts the same exec with ``ctx.replacing`` se
 from __future__ import annotations
 
 import collections
+import faulthandler
 import functools
 import importlib
 import json
@@ -83,6 +84,9 @@ class Context:
         self._endpoint = os.environ.get("HARNESS_ENDPOINT", "")
         self._parent_timeout = float(os.environ.get("HARNESS_HEARTBEAT_TIMEOUT", "inf"))
         self._heard = time.monotonic()      # when the parent was last heard from
+        # HARNESS_STALL_DUMP_S: if housekeeping (heartbeats) stalls this long, every thread's stack goes to
+        # stderr, to see what starved the heartbeats of a worker the parent then reports as hung.
+        self._stall_dump = float(os.environ.get("HARNESS_STALL_DUMP_S", "0"))
         self.marks = timeline.start("imported")    # the start-up timeline: interpreter and imports done
         self._link = link_factory(self)
 
@@ -242,6 +246,8 @@ class Context:
             hook(reason)
 
     def housekeeping(self) -> None:
+        if self._stall_dump:     # re-armed each tick: fires only if this thread stalls that long
+            faulthandler.dump_traceback_later(self._stall_dump)
         if os.getppid() != self._parent_pid:
             os._exit(1)   # the parent is gone: nobody will ever stop us, and our GPU must be freed
         now = time.monotonic()

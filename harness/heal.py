@@ -134,7 +134,8 @@ def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.
         for tensor in tensors:
             comm.broadcast(tensor, root=donor)
     _broadcast_optimizer(ctx, comm, optimizer, donor)
-    return places[donor], {"donor": donor, "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
+    return places[donor], {"donor": donor, "steps": [None if place is None else place.step for place in places],
+                           "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
 
 
 def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, donor: int) -> None:

@@ -314,7 +314,10 @@ def train_worker(ctx: Any, config: dict) -> dict:
             if comm is None:
                 raise
             where = Where(epoch, step, position, best_error, stale)
-            heal(rewind(where, ticket.applied(), batches.steps_per_epoch) if ticket is not None else where)
+            if ticket is not None:
+                where = rewind(where, ticket.applied(), batches.steps_per_epoch)
+                ctx.print(f"queued {step - where.step} updates past the last applied one ({where.step})")
+            heal(where)
 
     sync.finish()
     saver.wait()

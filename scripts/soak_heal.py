@@ -156,12 +156,12 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
             "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
             "steps_lost": [r["steps_lost"] for r in heals],
             "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' for r in found if r["event"] in ("recovered", "restart")],
-            "restarts": sum(r["event"] == "restart" for r in found)}
+            "restarts": sum(r["event"] == "restart" for r in found), "stderr": err}
 
 
 def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
          train_flags: list[str] | None = None, save_every: int = 50,
-         signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP")) -> list[dict]:
+         signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None) -> list[dict]:
     """The soak's rows, one per run (see the module's docstring). ``gpus`` ("0,1"): GPU workers on the
     job ``train_flags`` describes, instead of the default CPU job."""
     rng = random.Random(seed)
@@ -179,6 +179,8 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
         for run in range(runs):
             name = f"soak-{run}"
             result = soak_run(work, name, job, steps, kills, save_every, rng, [signal.Signals[s] for s in signals])
+            if stderr_to is not None:
+                stderr_to.with_name(f"{stderr_to.name}.{name}.stderr").write_text(result["stderr"])
             saved = work / f"{name}.pt"
             diff, finished = None, False
             if result["process_status"] == 0 and saved.exists():
@@ -210,10 +212,11 @@ def main() -> None:
     p.add_argument("--train-flags", default="", help="with --gpus: Train.py's flags for the job (model, data, batch)")
     p.add_argument("--save-every-steps", type=int, default=50)
     p.add_argument("--signals", default="SIGKILL,SIGSTOP", help="the signals to send, chosen at random")
-    p.add_argument("--out", default=None, help="append the JSON rows to this file")
+    p.add_argument("--out", default=None, help="append the JSON rows to this file (and each run's stderr to "
+                                               "OUT.soak-N.stderr)")
     args = p.parse_args()
     rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed, args.gpus, shlex.split(args.train_flags),
-                args.save_every_steps, tuple(args.signals.split(",")))
+                args.save_every_steps, tuple(args.signals.split(",")), Path(args.out) if args.out else None)
     for row in rows:
         line = json.dumps(row)
         print(line)
