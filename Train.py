@@ -138,10 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "in place (see --heal) or else every worker restarts from the last checkpoint; an exception in "
            "the training code is not retried")
     a("--heal", choices=("on", "off"), default=None,
-      help="with --max-restarts: on (the default) replaces a dead worker while the others wait, and the "
-           "survivors hand it their state, so only the interrupted update is redone; off restarts every worker "
-           "from the last checkpoint (the default for GPU workers in param mode, with a non-fused optimizer or "
-           "with --workers-per-gpu above 1, where healing in place is not built yet)")
+      help="with --max-restarts: on (the default for CPU workers) replaces a dead worker while the others "
+           "wait, and the survivors hand it their state, so only the interrupted update is redone; off "
+           "restarts every worker from the last checkpoint (the default for GPU workers, where healing "
+           "in place is not built yet)")
     return p.parse_args(argv)
 
 
@@ -179,6 +179,9 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
         raise ConfigError(f"--max-restarts must not be negative, got {args.max_restarts}")
     if args.heal == "on" and not args.max_restarts:
         raise ConfigError("--heal on needs --max-restarts N (how many failures the run may survive), e.g. 3")
+    if args.heal == "on" and gpus:
+        raise ConfigError("--heal on: healing in place is built for CPU workers only so far; GPU workers restart "
+                          "from the last checkpoint (drop --heal on, and save often with --save-every-steps)")
     return gpus, count
 
 
@@ -204,30 +207,9 @@ def placement_flags(args: argparse.Namespace) -> dict:
             "control_address": args.control_address, "encrypt": args.encrypt}
 
 
-def gpu_heal_limit(args: argparse.Namespace) -> str | None:
-    """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
-    if its collectives completed (harness/heal.py), which a fused optimizer can be told; param mode's
-    averaging and workers sharing a GPU have no such guard yet."""
-    from harness.optim import default_impl
-    if args.workers_per_gpu > 1:
-        return f"--workers-per-gpu {args.workers_per_gpu}"
-    if args.mode == "param":
-        return "--mode param"
-    if (args.optimizer_impl or default_impl(args.optimizer)) != "fused":
-        return f"--optimizer {args.optimizer}" + (f" --optimizer-impl {args.optimizer_impl}" if args.optimizer_impl else "")
-    return None
-
-
 def heals_in_place(args: argparse.Namespace, gpus: list[int]) -> bool:
     """Whether a dead worker is replaced and healed from the survivors (else the group restarts)."""
-    if not args.max_restarts or args.heal == "off":
-        return False
-    limit = gpu_heal_limit(args) if gpus else None
-    if args.heal == "on" and limit:
-        raise ConfigError(f"--heal on: GPU workers heal in place in grad mode with a fused optimizer, one worker per "
-                          f"GPU, not with {limit}; drop --heal on to restart from the last checkpoint instead (save "
-                          f"often with --save-every-steps)")
-    return not limit
+    return bool(args.max_restarts) and args.heal != "off" and not gpus
 
 
 def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:

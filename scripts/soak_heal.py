@@ -6,7 +6,8 @@ the run finished exactly where an uninterrupted one does.
 
 Each run trains the same job with --max-restarts equal to the kills: by default a CPU (gloo) job
 on a linear model slowed down to 20 ms a step; with --gpus, GPU workers (NCCL) on what
---train-flags says (model, data, batch). Whenever training has
+--train-flags says (model, data, batch). Failures are healed in place, or with --heal off (what GPU
+workers do) every worker restarts from the last checkpoint (--save-every-steps). Whenever training has
 gone on after the last heal, a random worker gets SIGKILL or SIGSTOP (a hang: the parent kills it
 after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
 parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
@@ -63,9 +64,9 @@ def cpu_job(workers: int) -> list[str]:
             "--cpu-workers", str(workers), "--heartbeat-timeout", "2"]
 
 
-def flags(work: Path, name: str, job: list[str], steps: int, kills: int, save_every: int) -> list[str]:
+def flags(work: Path, name: str, job: list[str], steps: int, kills: int, save_every: int, heal: str) -> list[str]:
     return [*job, "--max-steps", str(steps), "--save", str(work / f"{name}.pt"), "--log-dir", str(work / name),
-            "--save-every-steps", str(save_every), *(["--max-restarts", str(kills), "--heal", "on"] if kills else [])]
+            "--save-every-steps", str(save_every), *(["--max-restarts", str(kills), "--heal", heal] if kills else [])]
 
 
 def start(work: Path, args: list[str]) -> subprocess.Popen:
@@ -106,8 +107,8 @@ def _read(path: str) -> bytes:
 
 
 def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save_every: int,
-             rng: random.Random, signals: list[signal.Signals]) -> dict:
-    process = start(work, flags(work, name, job, steps, kills, save_every))
+             rng: random.Random, signals: list[signal.Signals], heal: str) -> dict:
+    process = start(work, flags(work, name, job, steps, kills, save_every, heal))
     log_dir, signalled, stopped = work / name, [], []
     deadline = time.monotonic() + RUN_TIMEOUT
     while len(signalled) < kills and process.poll() is None and time.monotonic() < deadline:
@@ -145,23 +146,29 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
         os.kill(pid, signal.SIGKILL)
     found = records(log_dir)
     heals = [r for r in found if r["event"] == "recovered"]
-    # Kill to training resumed: from each signal to the first heal (or restart) reported after it.
-    recover = []
+    # Kill to training resumed: from each signal to the first heal reported after it, or after a restart
+    # to the restarted group's first update. A restart loses the updates since its checkpoint: at least
+    # those between it and the last progress record before the signal.
+    recover, lost = [], [r["steps_lost"] for r in heals]
     for when, _ in signalled:
-        after = [r["time"] for r in found if r["event"] in ("recovered", "restart") and r["time"] >= when]
+        after = [r for r in found if r["event"] in ("recovered", "first_step") and r["time"] >= when]
         if after:
-            recover.append(min(after) - when)
+            recover.append(after[0]["time"] - when)
+            if after[0]["event"] == "first_step":
+                before = [r["step"] for r in found if r["event"] == "step" and r["time"] < when]
+                lost.append(max(before, default=0) - (after[0]["step"] - 1))
     messages = [line for line in err.splitlines() if "update/s" not in line and line.strip()]
     return {"process_status": process.returncode, "stderr_tail": messages[-3:], "hung": hung,
             "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
-            "steps_lost": [r["steps_lost"] for r in heals],
+            "steps_lost": lost,
             "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' for r in found if r["event"] in ("recovered", "restart")],
             "restarts": sum(r["event"] == "restart" for r in found), "stderr": err}
 
 
 def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
          train_flags: list[str] | None = None, save_every: int = 50,
-         signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None) -> list[dict]:
+         signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None,
+         heal: str = "on") -> list[dict]:
     """The soak's rows, one per run (see the module's docstring). ``gpus`` ("0,1"): GPU workers on the
     job ``train_flags`` describes, instead of the default CPU job."""
     rng = random.Random(seed)
@@ -171,14 +178,14 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(tmp)
         (work / "soak_model.py").write_text(SLOW_MODEL)
-        straight = start(work, flags(work, "straight", job, steps, 0, save_every))
+        straight = start(work, flags(work, "straight", job, steps, 0, save_every, heal))
         _, err = straight.communicate(timeout=RUN_TIMEOUT)
         if straight.returncode != 0:
             raise RuntimeError(f"the uninterrupted run failed:\n{err}")
         expected = torch.load(work / "straight.pt", map_location="cpu", weights_only=False)["model"]
         for run in range(runs):
             name = f"soak-{run}"
-            result = soak_run(work, name, job, steps, kills, save_every, rng, [signal.Signals[s] for s in signals])
+            result = soak_run(work, name, job, steps, kills, save_every, rng, [signal.Signals[s] for s in signals], heal)
             if stderr_to is not None:
                 stderr_to.with_name(f"{stderr_to.name}.{name}.stderr").write_text(result["stderr"])
             saved = work / f"{name}.pt"
@@ -188,7 +195,7 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                 diff = max((final["model"][k].double() - v.double()).abs().max().item() for k, v in expected.items())
                 finished = final["step"] == steps
             recover = result["recover"]
-            rows.append({"model": model, "gpus": len(gpus.split(",")) if gpus else 0,
+            rows.append({"model": model, "heal": heal, "gpus": len(gpus.split(",")) if gpus else 0,
                          "workers": len(gpus.split(",")) if gpus else workers_n, "backend": "nccl" if gpus else "gloo",
                          "kills": len(result["signals"]), "signals": result["signals"],
                          "recover_s_median": statistics.median(recover) if recover else None,
@@ -212,11 +219,13 @@ def main() -> None:
     p.add_argument("--train-flags", default="", help="with --gpus: Train.py's flags for the job (model, data, batch)")
     p.add_argument("--save-every-steps", type=int, default=50)
     p.add_argument("--signals", default="SIGKILL,SIGSTOP", help="the signals to send, chosen at random")
+    p.add_argument("--heal", choices=("on", "off"), default="on",
+                   help="on: heal in place (CPU workers); off: restart every worker from the last checkpoint")
     p.add_argument("--out", default=None, help="append the JSON rows to this file (and each run's stderr to "
                                                "OUT.soak-N.stderr)")
     args = p.parse_args()
     rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed, args.gpus, shlex.split(args.train_flags),
-                args.save_every_steps, tuple(args.signals.split(",")), Path(args.out) if args.out else None)
+                args.save_every_steps, tuple(args.signals.split(",")), Path(args.out) if args.out else None, args.heal)
     for row in rows:
         line = json.dumps(row)
         print(line)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -78,7 +79,9 @@ def logged(work: Path) -> list[tuple[int, int, float]]:
     return [(int(r), int(s), float(t)) for r, s, t in (line.split() for line in lines if line.count(" ") == 2)]
 
 
-def measure(gpus: int, model: str, kills: int, steps: int, save_every: int) -> list[dict]:
+def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
+            report: Callable[[dict], None] = print) -> list[dict]:
+    """The rows, each also given to ``report`` as soon as it is measured."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="torchrun-restart-") as tmp:
         work = Path(tmp)
@@ -110,6 +113,7 @@ def measure(gpus: int, model: str, kills: int, steps: int, save_every: int) -> l
                 break
             rows.append({"model": model, "gpus": gpus, "launcher": "torchrun", "kill": restart + 1,
                          "restart_s": after[0][1] - killed, "steps_lost": last - (after[0][0] - 1)})
+            report(rows[-1])
         if run.poll() is None:      # what is left of the run is not measured
             os.killpg(run.pid, signal.SIGKILL)
         _, err = run.communicate()
@@ -132,12 +136,13 @@ def main() -> None:
     if args.worker:
         worker(args.model, args.steps, args.save_every, Path(args.work))
         return
-    for row in measure(args.gpus, args.model, args.kills, args.steps, args.save_every):
+    def report(row: dict) -> None:
         line = json.dumps(row)
         print(line, flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(line + "\n")
+    measure(args.gpus, args.model, args.kills, args.steps, args.save_every, report)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,10 @@ allocator from reusing the buffers before NCCL is done with them.
 The unique id is made once by rank 0 and handed to the others over the control plane.
 ``abort()`` (ncclCommAbort) is safe from another thread: the parent's failure notice calls it
 from the housekeeping thread, so a kernel waiting on a dead peer returns.
-
-A rank that survives the abort goes on (healing, harness/heal.py), so the abort must not free the
-communicator while this rank's main thread is enqueuing work on it: kernels launched after the
-free would read released memory and break the rank's CUDA context. Every launch (and a CUDA
-graph's replay, through ``launching()``) holds a lock and checks ``aborted`` under it; the abort
-takes the same lock. A launch can block while the GPU's queue is full, which it is when a kernel
-waits on a dead peer; the abort then waits at most ``ABORT_WAIT_S`` before freeing anyway.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -36,8 +27,6 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):
 else:                                                        # older or CPU-only builds
     def _current_raw_stream() -> int:
         return torch.cuda.current_stream().cuda_stream
-
-ABORT_WAIT_S = 2.0
 
 
 def _nccl():
@@ -68,22 +57,19 @@ class NcclCommunicator(Communicator):
         self._stream = stream
         self._side: torch.cuda.Stream | None = None
         self._now: int = 0                   # raw handle of the stream the current call goes on
-        self._guard = threading.Lock()       # held by launches and by the abort (see the module's docstring)
         self._remove_hook = ctx.on_abort(self.abort)
 
     def _finish(self, pending: tuple[Callable[[], None], tuple[torch.Tensor, ...]], async_op: bool) -> Work | None:
         launch, tensors = pending
         if not async_op:
             self._now = self._stream.cuda_stream if self._stream is not None else _current_raw_stream()
-            with self.launching():
-                launch()
+            launch()
             return None
         if self._side is None:
             self._side = torch.cuda.Stream()
         self._side.wait_stream(self._stream or torch.cuda.current_stream())
         self._now = self._side.cuda_stream
-        with self.launching():
-            launch()
+        launch()
         if not torch.cuda.is_current_stream_capturing():     # a graph's memory pool outlives its replays
             for t in tensors:
                 t.record_stream(self._side)
@@ -118,19 +104,8 @@ class NcclCommunicator(Communicator):
         (self._stream or torch.cuda.current_stream()).synchronize()
         self._check_alive()
 
-    @contextlib.contextmanager
-    def launching(self) -> Iterator[None]:
-        with self._guard:
-            self._check_alive()
-            yield
-
     def _abort(self) -> None:
-        held = self._guard.acquire(timeout=ABORT_WAIT_S)
-        try:
-            self._comm.abort()
-        finally:
-            if held:
-                self._guard.release()
+        self._comm.abort()
 
     def _close(self) -> None:
         self._remove_hook()
