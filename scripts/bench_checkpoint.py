@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -22,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from harness.metrics import read_metrics  # noqa: E402
 
 
 def updates_per_s(train_flags: list[str], work: Path, name: str, steps: int, save_every: int) -> float:
@@ -29,10 +30,10 @@ def updates_per_s(train_flags: list[str], work: Path, name: str, steps: int, sav
     command = [sys.executable, str(ROOT / "Train.py"), *train_flags, "--max-steps", str(steps),
                "--save", str(work / f"{name}.pt"), "--save-every", "1000000", "--log-dir", str(log_dir),
                *(["--save-every-steps", str(save_every)] if save_every else [])]
-    out = subprocess.run(command, cwd=work, capture_output=True, text=True, env=os.environ)
+    out = subprocess.run(command, cwd=work, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"Train.py failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(log_dir / "metrics.jsonl")
     first = next(r for r in records if r["event"] == "first_step")
     done = next(r for r in records if r["event"] == "done")
     saves = sum(r["event"] == "saved" for r in records)

@@ -175,6 +175,8 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
     rows = []
     job = ["--gpus", gpus, *(train_flags or [])] if gpus else cpu_job(workers_n)
     model = job[job.index("--model") + 1] if gpus and "--model" in job else "soak_model (Linear 64x10 on digits)"
+    workers_n = len(gpus.split(",")) if gpus else workers_n
+    sent = [signal.Signals[name] for name in signals]
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(tmp)
         (work / "soak_model.py").write_text(SLOW_MODEL)
@@ -185,7 +187,7 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
         expected = torch.load(work / "straight.pt", map_location="cpu", weights_only=False)["model"]
         for run in range(runs):
             name = f"soak-{run}"
-            result = soak_run(work, name, job, steps, kills, save_every, rng, [signal.Signals[s] for s in signals], heal)
+            result = soak_run(work, name, job, steps, kills, save_every, rng, sent, heal)
             if stderr_to is not None:
                 stderr_to.with_name(f"{stderr_to.name}.{name}.stderr").write_text(result["stderr"])
             saved = work / f"{name}.pt"
@@ -195,8 +197,8 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                 diff = max((final["model"][k].double() - v.double()).abs().max().item() for k, v in expected.items())
                 finished = final["step"] == steps
             recover = result["recover"]
-            rows.append({"model": model, "heal": heal, "gpus": len(gpus.split(",")) if gpus else 0,
-                         "workers": len(gpus.split(",")) if gpus else workers_n, "backend": "nccl" if gpus else "gloo",
+            rows.append({"model": model, "heal": heal, "gpus": workers_n if gpus else 0,
+                         "workers": workers_n, "backend": "nccl" if gpus else "gloo",
                          "kills": len(result["signals"]), "signals": result["signals"],
                          "recover_s_median": statistics.median(recover) if recover else None,
                          "recover_s_max": max(recover) if recover else None,
