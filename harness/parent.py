@@ -15,41 +15,35 @@ messages; a failure names the child's host.
 A group forked with ``heal=True`` is not stopped when a child fails: the call still raises
 ``ChildFailed``, the survivors are still told to abort their collectives, but they stay alive,
 and ``replace(rank)`` puts a new child in the dead one's place, hands it the running exec and
-tells the survivors (harness/child.py: ``await_heal``). The new child is a warm spare where it can be:
-a CPU group keeps one child started and its preloads imported (torch, mostly: seconds on a busy
-machine), which takes the dead rank's place at once (an ("assume", None, {"rank", "generation"})
-message), and a new spare starts in the background. What the ranks do then is the running
-code's business (harness/heal.py is Train.py's); the caller may instead ``stop()`` the group.
+tells the survivors (harness/child.py: ``await_heal``). The new child is the warm spare where there
+is one (harness/spawn.py, which also starts every child and says what its environment holds). What the
+ranks do then is the running code's business (harness/heal.py is Train.py's); the caller may instead
+``stop()`` the group.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
-import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import zmq
 
-from . import endpoint, placement, wire
+from . import endpoint, placement, spawn, wire
 from .launch import Launcher, Local, make_launcher
-from .link import HEARTBEAT_INTERVAL, Link, identity_of
+from .link import HEARTBEAT_INTERVAL, Link
+from .spawn import ChildProcess, Starter, describe_exit
 
 log = logging.getLogger("harness")
 
 START_TIMEOUT = 60.0       # seconds for a child to start its interpreter and connect
 STOP_GRACE = 5.0           # seconds a stopped child gets to exit on its own before SIGKILL
-STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFailed
 DEATH_GRACE = 1.0          # seconds an error waits for a peer's death that may have caused it
 
 
@@ -70,39 +64,6 @@ class ChildFailed(RuntimeError):
         tail = "".join(f"\n  | {line}" for line in self.stderr_tail) or "\n  (no stderr output)"
         where = f" on host {host}" if host else ""
         super().__init__(f"child {rank}{where} {reason}; last lines of its stderr:{tail}")
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
-class _Child:
-    """Bookkeeping for one child process."""
-
-    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes, host: str | None = None):
-        self.rank, self.identity, self.host = rank, identity, host      # host: where a remote child runs
-        self.process = process
-        self.pid = process.pid
-        self.connected = False
-        self.ready = False      # its preloads imported: from then on, silence means a hang
-        self.last_seen = time.monotonic()
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
-        self.inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("yield", "data")}
-        self.outcome: tuple[int, str, Any] | None = None    # (exec id, "result" | "error", value)
-        self.reader = threading.Thread(target=self._forward_stderr, name=f"harness-stderr-{rank}", daemon=True)
-        self.reader.start()
-
-    def _forward_stderr(self) -> None:
-        for raw in iter(self.process.stderr.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.stderr_tail.append(line)
-            sys.stderr.write(f"[{self.rank}] {line}\n")
-        self.process.stderr.close()
 
 
 class ChildHandle:
@@ -145,11 +106,9 @@ class Children:
         self._failure: ChildFailed | None = None
         self._stopping = False
         self._link = Link(socket, key, self._dispatch, self._housekeeping)
-        self._children: list[_Child] = [self._start(rank) for rank in range(n)]
-        # Children alike but for their rank (CPU children) can be replaced by a spare started ahead.
-        self._spares = itertools.count()
-        self._spare: _Child | None = self._start_spare() if heal and not self._launcher.remote \
-            and all(not e.get("HARNESS_GPU") for e in environments) else None
+        self._starter = Starter(self._launcher, self._hosts, environments, keep_spare=heal and not
+                                self._launcher.remote and all(not e.get("HARNESS_GPU") for e in environments))
+        self._children: list[ChildProcess] = self._starter.start_group()
         self._link.start()
         self._await_connections()
 
@@ -244,7 +203,11 @@ class Children:
             self._give_up(ChildFailed(rank, f"{reason}, and could not be healed: rank {ended[0]}'s function had "
                                             f"already ended", old.stderr_tail))
         self._generation += 1
-        child = self._take_spare(rank) or self._start(rank, self._generation)
+        child = self._starter.take_spare(rank)
+        if child is not None:
+            self._send_if_alive(child, ("assume", None, {"rank": rank, "generation": self._generation}))
+        else:
+            child = self._starter.start(rank, self._generation)
         child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
         self._children[rank] = child
         self._failure, self._first_error = None, None
@@ -348,33 +311,9 @@ class Children:
         self.stop(grace=1.0)
         raise failure
 
-    def _start(self, rank: int, generation: int = 0) -> _Child:
-        """Start the child process of ``rank``; a replacement is started in a later ``generation``."""
-        env = {**self._environments[rank], "HARNESS_GENERATION": str(generation)}
-        process = self._launcher.start(self._hosts[rank], env)
-        return _Child(rank, process, identity_of(rank, generation),
-                      self._hosts[rank] if self._launcher.remote else None)
-
-    def _everyone(self) -> list[_Child]:
+    def _everyone(self) -> list[ChildProcess]:
         """The children, and the warm spare if there is one."""
-        return self._children + ([self._spare] if self._spare is not None else [])
-
-    def _start_spare(self) -> _Child:
-        """A child with rank 0's environment, under an identity of its own, that imports the preloads
-        and waits to be told which rank it is."""
-        identity = f"spare:{next(self._spares)}"
-        process = self._launcher.start(self._hosts[0], {**self._environments[0], "HARNESS_IDENTITY": identity})
-        return _Child(-1, process, identity.encode())
-
-    def _take_spare(self, rank: int) -> _Child | None:
-        """The spare as ``rank``, in the current generation, if it is ready; a new spare starts meanwhile."""
-        spare = self._spare
-        if spare is None or not spare.ready or spare.process.poll() is not None:
-            return None
-        spare.rank = rank
-        self._send_if_alive(spare, ("assume", None, {"rank": rank, "generation": self._generation}))
-        self._spare = self._start_spare()
-        return spare
+        return self._children + ([self._starter.spare] if self._starter.spare is not None else [])
 
     def _dispatch(self, sender: bytes | None, message: tuple) -> None:
         # By current identity: a replaced child's old one is nobody's.
@@ -389,7 +328,7 @@ class Children:
             child.connected, child.ready = True, bool(payload)
         elif kind == "ready":
             child.ready = True
-        elif child is self._spare:      # it runs nothing until it takes a dead rank's place
+        elif child is self._starter.spare:      # it runs nothing until it takes a dead rank's place
             return
         elif kind == "print":
             print(f"[{rank}] {payload}", flush=True)
@@ -405,7 +344,7 @@ class Children:
         elif kind == "exchange":
             self._exchange(rank, ident, payload)
 
-    def _record_error(self, child: _Child, text: str, still_running: bool = False) -> None:
+    def _record_error(self, child: ChildProcess, text: str, still_running: bool = False) -> None:
         """Keep the first error of this exec for each child, and report the exec's first one: the
         errors that follow (PeerFailed, mostly) are what the abort sent for it caused. An error the
         parent found (``still_running``) also aborts the child itself, which may be waiting."""
@@ -437,7 +376,7 @@ class Children:
             if child.rank != rank and child.connected:
                 self._send_if_alive(child, ("abort", self._exec_id, reason))
 
-    def _send_if_alive(self, child: _Child, message: tuple) -> None:
+    def _send_if_alive(self, child: ChildProcess, message: tuple) -> None:
         try:
             self._link.send(message, to=child.identity)
         except zmq.ZMQError as error:
@@ -471,7 +410,7 @@ class Children:
             returncode = child.process.poll()
             if returncode is not None:
                 child.reader.join(timeout=1.0)        # let the last stderr lines arrive
-                self._fail(child, _describe_exit(returncode))
+                self._fail(child, describe_exit(returncode))
                 return
             # Importing torch can hold the GIL for seconds (the heartbeat thread cannot run), more so on
             # a busy machine: a child still importing its preloads is given START_TIMEOUT.
@@ -481,7 +420,7 @@ class Children:
                 self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)")
                 return
 
-    def _fail(self, child: _Child, reason: str) -> None:
+    def _fail(self, child: ChildProcess, reason: str) -> None:
         self._failure = ChildFailed(child.rank, reason, child.stderr_tail, child.host)
         self._abort_others(child.rank, f"child {child.rank} {reason}")
 
@@ -535,38 +474,14 @@ class Parent:
             assigned = placement.assign(n, placement.resolve_gpus(gpus))
         socket, where, secrets = endpoint.bind(self._context, launcher, self._dir, f"group-{next(self._count)}",
                                                address, encrypt)
-        extra = {**(env or {}), **secrets, "HARNESS_PRELOAD": ",".join(preload)}
-        environments = [self._environment(rank, n, gpu, where, extra, place, launcher.remote)
+        run = {**(env or {}), **secrets, "HARNESS_PRELOAD": ",".join(preload),
+               "HARNESS_ENDPOINT": where, "HARNESS_KEY": self._key.hex()}
+        environments = [spawn.environment(rank, n, gpu, place, launcher.remote, run, self.heartbeat_timeout)
                         for rank, (gpu, place) in enumerate(zip(assigned, places))]
         group = Children(n, self._key, socket, environments, self.heartbeat_timeout, heal, launcher,
                          [host for host, _, _ in places])
         self._groups.append(group)
         return group
-
-    def _environment(self, rank: int, n: int, gpu: int | None, where: str, extra: Mapping[str, str],
-                     place: tuple[str, int, int], remote: bool) -> dict[str, str]:
-        harness_root = str(Path(__file__).resolve().parent.parent)
-        host, _, on_host = place
-        env = dict(os.environ)
-        env.update(placement.child_environment(None if remote else gpu, max(1, (os.cpu_count() or 1) // on_host)))
-        if remote:      # this machine cannot see the host's GPUs: the index is the host's own
-            env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
-        env.update(extra)
-        env.update({
-            "HARNESS_ENDPOINT": where,
-            "HARNESS_KEY": self._key.hex(),
-            "HARNESS_RANK": str(rank),
-            "HARNESS_WORLD_SIZE": str(n),
-            "HARNESS_GPU": env["CUDA_VISIBLE_DEVICES"] if gpu is not None else "",
-            "HARNESS_HOST": host,
-            "HARNESS_SYS_PATH": json.dumps([p or os.getcwd() for p in sys.path]),
-            "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")])),
-        })
-        if remote:      # its parent process is sshd's or slurmstepd's: it watches for our heartbeats instead
-            env["HARNESS_HEARTBEAT_TIMEOUT"] = str(self.heartbeat_timeout)
-        else:
-            env["HARNESS_PARENT_PID"] = str(os.getpid())
-        return env
 
     def close(self) -> None:
         """Stop every child of every group and remove the socket directory."""

@@ -1,0 +1,138 @@
+"""Starting a child's process: what its environment says, how it is launched, the record the parent
+keeps of it, and the warm spare.
+
+``Children`` (harness/parent.py) decides *when* a child starts (at fork, or in a dead rank's place);
+this module knows *how*. A child is a fresh interpreter (``python -m harness.child``) started by the
+group's launcher (harness/launch.py) with everything it needs in its environment: the endpoint and
+key to reach the parent, its rank, its GPU, the parent's ``sys.path``. Its stderr is read by a
+thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept for the error that
+reports its death.
+
+A healing CPU group keeps a **warm spare**: a child started ahead under an identity of its own
+("spare:N"), which imports the preloads (torch, mostly: seconds on a busy machine) and waits to be
+told which rank it is. When a rank dies the spare takes its place at once and a new spare starts
+in the background. Only local CPU groups keep one: they are the groups that heal in place.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from . import placement
+from .launch import Launcher
+from .link import identity_of
+
+STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFailed
+
+
+def describe_exit(returncode: int) -> str:
+    """How a child's process ended, in the words of an error message."""
+    if returncode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class ChildProcess:
+    """The parent's record of one child process: its rank and identity, what it sent, when it was
+    last heard from, the last lines of its stderr."""
+
+    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes, host: str | None = None):
+        self.rank, self.identity, self.host = rank, identity, host      # host: where a remote child runs
+        self.process = process
+        self.pid = process.pid
+        self.connected = False
+        self.ready = False      # its preloads imported: from then on, silence means a hang
+        self.last_seen = time.monotonic()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self.inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("yield", "data")}
+        self.outcome: tuple[int, str, Any] | None = None    # (exec id, "result" | "error", value)
+        self.reader = threading.Thread(target=self._forward_stderr, name=f"harness-stderr-{rank}", daemon=True)
+        self.reader.start()
+
+    def _forward_stderr(self) -> None:
+        for raw in iter(self.process.stderr.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.stderr_tail.append(line)
+            sys.stderr.write(f"[{self.rank}] {line}\n")
+        self.process.stderr.close()
+
+
+def environment(rank: int, n: int, gpu: int | None, place: tuple[str, int, int], remote: bool,
+                run: Mapping[str, str], heartbeat_timeout: float) -> dict[str, str]:
+    """Child ``rank``'s environment: the parent's, its GPU and thread count, the ``run``'s settings
+    (endpoint, key, preloads, the user's extra variables) and its place among the ``n``. A remote child
+    (``place`` = host, index on host, children on host) watches the parent's heartbeats; a local one
+    watches the parent's pid."""
+    harness_root = str(Path(__file__).resolve().parent.parent)
+    host, _, on_host = place
+    env = dict(os.environ)
+    env.update(placement.child_environment(None if remote else gpu, max(1, (os.cpu_count() or 1) // on_host)))
+    if remote:      # this machine cannot see the host's GPUs: the index is the host's own
+        env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+    env.update(run)
+    env.update({
+        "HARNESS_RANK": str(rank),
+        "HARNESS_WORLD_SIZE": str(n),
+        "HARNESS_GPU": env["CUDA_VISIBLE_DEVICES"] if gpu is not None else "",
+        "HARNESS_HOST": host,
+        "HARNESS_SYS_PATH": json.dumps([p or os.getcwd() for p in sys.path]),
+        "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")])),
+    })
+    if remote:      # its parent process is sshd's or slurmstepd's: it watches for our heartbeats instead
+        env["HARNESS_HEARTBEAT_TIMEOUT"] = str(heartbeat_timeout)
+    else:
+        env["HARNESS_PARENT_PID"] = str(os.getpid())
+    return env
+
+
+class Starter:
+    """Starts a group's child processes through its launcher, and keeps its warm spare if asked to."""
+
+    def __init__(self, launcher: Launcher, hosts: Sequence[str], environments: Sequence[Mapping[str, str]],
+                 keep_spare: bool):
+        self._launcher, self._hosts, self._environments = launcher, list(hosts), list(environments)
+        self._keep_spare = keep_spare
+        self._spares = itertools.count()
+        self.spare: ChildProcess | None = None
+
+    def start_group(self) -> list[ChildProcess]:
+        """Every rank's process, then the spare's: the ranks get the machine first."""
+        children = [self.start(rank) for rank in range(len(self._environments))]
+        if self._keep_spare:
+            self.spare = self._start_spare()
+        return children
+
+    def start(self, rank: int, generation: int = 0) -> ChildProcess:
+        """The process of ``rank``; a replacement is started in a later ``generation``."""
+        env = {**self._environments[rank], "HARNESS_GENERATION": str(generation)}
+        process = self._launcher.start(self._hosts[rank], env)
+        return ChildProcess(rank, process, identity_of(rank, generation),
+                            self._hosts[rank] if self._launcher.remote else None)
+
+    def take_spare(self, rank: int) -> ChildProcess | None:
+        """The spare, renamed ``rank``, if it is ready (the caller tells it so: an "assume" message);
+        a new spare starts meanwhile. None if there is no ready spare."""
+        spare = self.spare
+        if spare is None or not spare.ready or spare.process.poll() is not None:
+            return None
+        spare.rank = rank
+        self.spare = self._start_spare()
+        return spare
+
+    def _start_spare(self) -> ChildProcess:
+        """A child with rank 0's environment under an identity of its own."""
+        identity = f"spare:{next(self._spares)}"
+        process = self._launcher.start(self._hosts[0], {**self._environments[0], "HARNESS_IDENTITY": identity})
+        return ChildProcess(-1, process, identity.encode())
