@@ -2,8 +2,8 @@
 
 Local groups use ``ipc://`` in the parent's private directory (mode 0700: no other user can connect).
 A group on other hosts needs TCP. The parent binds to one address, never to every interface: the
-one the user names (``--control-address``) or else its own address on the route to the first host,
-on a port the kernel picks. Every frame is HMAC-signed with the run's key either way (harness/wire.py),
+one the user names (``--control-address``) or else its own address on the route to the first host
+(its NodeAddr under Slurm), on a port the kernel picks. Every frame is HMAC-signed with the run's key either way (harness/wire.py),
 so a peer without the key can neither send nor forge. ``encrypt`` adds CurveZMQ on top, for a network
 others can listen on: the parent's socket is a CURVE server, and each child gets the server's public
 key and a keypair of its own, all in its environment (which over ssh travels on stdin).
@@ -40,7 +40,7 @@ def bind(context: zmq.Context, launcher: Launcher, directory: Path, name: str, a
         endpoint = f"ipc://{directory}/{name}"
         socket.bind(endpoint)
         return socket, endpoint, env
-    host = address or address_toward(launcher.hosts[0].name)
+    host = address or address_toward(launcher.address_of(launcher.hosts[0].name))
     try:
         port = socket.bind_to_random_port(f"tcp://{host}")
     except zmq.ZMQError as error:

@@ -73,6 +73,11 @@ class Launcher:
     def start(self, host: str, env: Mapping[str, str]) -> subprocess.Popen:
         raise NotImplementedError
 
+    def address_of(self, host: str) -> str:
+        """The name or address by which this machine reaches ``host``: the route to it picks the
+        address the parent listens on (harness/endpoint.py)."""
+        return host
+
 
 class Local(Launcher):
     """Children on this machine, as fresh interpreters (the default)."""
@@ -129,6 +134,17 @@ class Slurm(Launcher):
                 "--export=ALL", "--quiet"]
         return subprocess.Popen([*step, sys.executable, "-m", "harness.child"], env=dict(env),
                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+    def address_of(self, host: str) -> str:
+        """The node's NodeAddr, as Slurm itself reaches it (a node's name need not resolve in DNS);
+        the name where scontrol cannot say."""
+        try:
+            shown = subprocess.run(["scontrol", "show", "node", "--oneliner", host], capture_output=True,
+                                   text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return host
+        match = re.search(r"\bNodeAddr=(\S+)", shown)
+        return match[1] if match else host
 
 
 def remote_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,9 +1,13 @@
 """Several "hosts" on one machine, for the launcher tests: Linux network namespaces on one bridge,
-each with its own address and its own real sshd (Debian's openssh-server), with keys made per run.
+each with its own address and its own real sshd (Debian's openssh-server), with keys made per run,
+and on demand a real Slurm cluster over them (Debian's munge, slurmctld and slurmd: one slurmd per
+namespace as node0, node1, ..., the controller on the bridge's address).
 
 The processes share the filesystem, so every host has the same Python at the same path, as a
 cluster's shared home gives. ``Hosts.ssh`` is the ssh command (an ssh_config of our own) that the
-launcher takes from $HARNESS_SSH. Nothing outside the namespaces and the bridge is touched.
+launcher takes from $HARNESS_SSH; ``Hosts.start_slurm()`` returns the environment (SLURM_CONF) in
+which salloc and srun use that cluster. Nothing outside the namespaces, the bridge and the run's own
+directory is touched: every daemon's configuration, key, socket, state and log lives there.
 """
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+SLURM = ("munged", "slurmctld", "slurmd", "salloc", "srun", "nsenter")
 
 
 def why_not() -> str | None:
@@ -35,8 +41,14 @@ def why_not() -> str | None:
     return None
 
 
-def run(*command: str) -> str:
-    done = subprocess.run(command, capture_output=True, text=True)
+def why_no_slurm() -> str | None:
+    """Why a Slurm cluster cannot be made over the namespaces here, or None."""
+    missing = [tool for tool in SLURM if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}")]
+    return f"{', '.join(missing)} not installed (apt-get install munge slurmctld slurmd slurm-client)" if missing else None
+
+
+def run(*command: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
     return done.stdout
@@ -50,7 +62,8 @@ class Hosts:
         self.namespaces = [f"hx{tag}h{i}" for i in range(count)]
         self.addresses = [f"{self.subnet}.{i + 2}" for i in range(count)]
         self.parent_address = f"{self.subnet}.1"
-        self.sshd_pids: list[int] = []
+        self.daemon_pids: list[int] = []        # sshd and slurmd in the namespaces
+        self.pid_files: list[Path] = []         # every daemon's, for close()
         try:
             self._network()
             self._sshd()
@@ -90,23 +103,76 @@ class Hosts:
                 f"PidFile {d / f'sshd-{i}.pid'}\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nLogLevel ERROR\n")
             run("ip", "netns", "exec", ns, SSHD, "-f", str(config), "-E", str(d / f"sshd-{i}.log"))
+        self.daemon_pids += self._await_pids([d / f"sshd-{i}.pid" for i in range(len(self.namespaces))])
+
+    def _await_pids(self, pid_files: list[Path]) -> list[int]:
+        self.pid_files += pid_files
         deadline = time.monotonic() + 10
-        for i in range(len(self.namespaces)):
-            pid_file = d / f"sshd-{i}.pid"
-            while not pid_file.exists() and time.monotonic() < deadline:
+        for pid_file in pid_files:
+            while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            self.sshd_pids.append(int(pid_file.read_text()))
+        return [int(pid_file.read_text()) for pid_file in pid_files]
+
+    def start_slurm(self) -> dict[str, str]:
+        """A Slurm cluster of one node per namespace (node0, node1, ...: 2 CPUs each, a partition of them
+        all): munged and slurmctld here, on the bridge's address, each slurmd in its namespace (nsenter
+        changes the network namespace only; ``ip netns exec`` would remount /sys, and slurmd needs its
+        cgroup hierarchy). Returns the environment for salloc and srun."""
+        d = self.dir / "slurm"
+        (d / "state").mkdir(parents=True)
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        run("munged", "--force", f"--socket={d / 'munge.sock'}", f"--key-file={key}", f"--log-file={d / 'munged.log'}",
+            f"--pid-file={d / 'munged.pid'}", f"--seed-file={d / 'munged.seed'}")
+        self.nodes = [f"node{i}" for i in range(len(self.namespaces))]
+        port = random.randrange(20000, 30000, 2)
+        config = d / "slurm.conf"
+        config.write_text(
+            f"ClusterName=harness\nSlurmctldHost={socket.gethostname()}({self.parent_address})\n"
+            f"SlurmctldPort={port}\nSlurmdPort={port + 1}\nSlurmUser=root\nSlurmdUser=root\n"
+            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d / 'munge.sock'}\n"
+            f"StateSaveLocation={d / 'state'}\nSlurmdSpoolDir={d}/spool-%n\n"
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}\nSlurmdPidFile={d}/slurmd-%n.pid\n"
+            f"SlurmctldLogFile={d / 'slurmctld.log'}\nSlurmdLogFile={d}/slurmd-%n.log\n"
+            "SlurmdParameters=config_overrides\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+            "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n"
+            + "".join(f"NodeName={node} NodeAddr={address} CPUs=2 State=UNKNOWN\n"
+                      for node, address in zip(self.nodes, self.addresses))
+            + "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+        env = {**os.environ, "SLURM_CONF": str(config)}
+        self._await_pids([d / "munged.pid"])
+        run("slurmctld", "-f", str(config), env=env)
+        self._await_pids([d / "slurmctld.pid"])
+        for node, ns in zip(self.nodes, self.namespaces):
+            run("nsenter", f"--net=/run/netns/{ns}", "slurmd", "-N", node, "-f", str(config), env=env)
+        self.daemon_pids += self._await_pids([d / f"slurmd-{node}.pid" for node in self.nodes])
+        deadline = time.monotonic() + 30
+        while run("sinfo", "-h", "-o", "%t", env=env).split() != ["idle"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return {"SLURM_CONF": str(config)}
+
+    def slurm_log(self, daemon: str) -> str:
+        """The log of a Slurm daemon: "slurmctld" or "slurmd-node1"."""
+        return (self.dir / "slurm" / f"{daemon}.log").read_text()
 
     def processes(self, namespace: str) -> list[int]:
-        """The processes in a namespace, its sshd left out (the children and their sessions)."""
+        """The processes in a namespace, its daemons left out (the children, their sessions, their
+        Slurm job steps)."""
         pids = [int(p) for p in run("ip", "netns", "pids", namespace).split()]
-        return [p for p in pids if p not in self.sshd_pids]
+        return [p for p in pids if p not in self.daemon_pids]
 
     def link(self, index: int, up: bool) -> None:
         """Take host ``index``'s network link down (or up): as if its cable were pulled."""
         run("ip", "link", "set", f"{self.bridge}v{index}", "up" if up else "down")
 
     def close(self) -> None:
+        for pid_file in self.pid_files:         # the daemons outside the namespaces (munged, slurmctld)
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
         for ns in self.namespaces:
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:

@@ -1,12 +1,15 @@
 """Several machines: children started over ssh on three "hosts" (network namespaces, each with its
 own address and a real sshd; tests/netns_hosts.py), Train.py across them, a host cut off mid-run,
-and the Slurm launcher (its allocation parsing, and its srun steps through a stand-in srun: a real
-slurmctld/slurmd is not run here)."""
+and the Slurm launcher: Train.py submitted with sbatch to a real Slurm cluster over the same three
+namespaces (munge, slurmctld, one slurmd per namespace), its allocation parsing against recorded
+environments, its srun steps' arguments through a stand-in srun."""
 from __future__ import annotations
 
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,11 +18,13 @@ import torch
 from conftest import harness_children
 from harness import ChildFailed, Parent
 from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
-from netns_hosts import Hosts, why_not
+from netns_hosts import Hosts, why_no_slurm, why_not
 from harness.metrics import read_metrics
 from scripts.soak_heal import SLOW_MODEL
 from test_interrupt import finish, interrupt, start_train
-from test_train import flat_params, run_train, train_error
+from test_train import ROOT, flat_params, run_train, train_error
+
+COMMON = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]     # the runs compared with six local workers
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +35,47 @@ def hosts(tmp_path_factory):
     made = Hosts(tmp_path_factory.mktemp("hosts"))
     yield made
     made.close()
+
+
+@pytest.fixture(scope="module")
+def slurm(hosts) -> dict[str, str]:
+    """A real Slurm cluster over the three hosts: the environment salloc, sbatch and srun need."""
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(f"cannot run Slurm here: {reason}")
+    return hosts.start_slurm()
+
+
+@pytest.fixture(scope="module")
+def six_local_workers(tmp_path_factory):
+    """The checkpoint of Train.py on six local workers, which the runs across hosts must equal."""
+    return run_train(tmp_path_factory.mktemp("local"), *COMMON, "--cpu-workers", "6", name="local")[1]
+
+
+class Job:
+    """Train.py with ``flags`` submitted with sbatch on the three nodes, ``per_node`` tasks each: the
+    batch script, and so the parent, runs on node0; its output goes to ``directory``/slurm.out.
+    (Polled with scontrol: ``sbatch --wait`` sleeps up to half a minute between its own polls.)"""
+
+    def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2):
+        self.env, self.output = {**os.environ, **slurm}, directory / "slurm.out"
+        command = " ".join([sys.executable, str(ROOT / "Train.py"), "--launcher", "slurm", *flags])
+        self.id = subprocess.run(["sbatch", "--parsable", "--nodes=3", f"--ntasks-per-node={per_node}",
+                                  f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
+                                 env=self.env, capture_output=True, text=True, check=True).stdout.strip()
+
+    def state(self) -> tuple[str, int]:
+        """The job's state and its script's exit status."""
+        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", self.id], env=self.env,
+                               capture_output=True, text=True, check=True).stdout
+        return shown.split("JobState=")[1].split()[0], int(shown.split("ExitCode=")[1].split(":")[0])
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while (state := self.state())[0] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            assert time.monotonic() < deadline, f"job {self.id} still {state[0]} after {timeout} s"
+            time.sleep(0.2)
+        return state[1]
 
 
 def where(ctx) -> tuple:
@@ -83,13 +129,40 @@ def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_
     assert children_on(hosts) == []
 
 
-def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, tmp_path, monkeypatch):
+def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, six_local_workers, tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
-    common = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]
-    _, remote = run_train(tmp_path, *common, "--launcher", "ssh", "--hosts", ",".join(f"{a}:2" for a in hosts.addresses),
+    _, remote = run_train(tmp_path, *COMMON, "--launcher", "ssh", "--hosts", ",".join(f"{a}:2" for a in hosts.addresses),
                           name="ssh")
-    _, local = run_train(tmp_path, *common, "--cpu-workers", "6", name="local")
-    assert (flat_params(remote) - flat_params(local)).abs().max() <= 1e-6 * flat_params(local).abs().max()
+    local = flat_params(six_local_workers)
+    assert (flat_params(remote) - local).abs().max() <= 1e-6 * local.abs().max()
+    assert children_on(hosts) == []
+
+
+def test_train_submitted_to_slurm_on_three_nodes_equals_six_local_workers(hosts, slurm, six_local_workers, tmp_path):
+    job = Job(slurm, tmp_path, *COMMON, "--save", str(tmp_path / "slurm.pt"), "--log-dir", str(tmp_path / "logs"))
+    assert job.wait(240) == 0, job.output.read_text()
+    local = flat_params(six_local_workers)
+    assert (flat_params(tmp_path / "slurm.pt") - local).abs().max() <= 1e-6 * local.abs().max()
+    steps = [hosts.slurm_log(f"slurmd-{node}").count(f"launch task StepId={job.id}.") for node in hosts.nodes]
+    assert steps == [2, 2, 2]         # one srun step per child, two children on each node
+    assert children_on(hosts) == []
+
+
+def test_a_worker_killed_under_slurm_fails_the_job_naming_its_node_and_leaves_nothing(hosts, slurm, tmp_path):
+    job = Job(slurm, tmp_path, "--epochs", "1000", "--heartbeat-timeout", "5", "--log-dir", str(tmp_path / "logs"),
+              per_node=1)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "logs" / "metrics.jsonl").exists() or not any(
+            r["event"] == "step" for r in read_metrics(tmp_path / "logs" / "metrics.jsonl")):
+        assert job.state()[0] != "COMPLETED" and time.monotonic() < deadline, job.output.read_text()
+        time.sleep(0.2)
+    os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
+    assert job.wait(60) == 1
+    output = job.output.read_text()
+    assert "child 1 on host node1 exited" in output, output
+    deadline = time.monotonic() + 15
+    while children_on(hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert children_on(hosts) == []
 
 
