@@ -139,9 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "the training code is not retried")
     a("--heal", choices=("on", "off"), default=None,
       help="with --max-restarts: on (the default for CPU workers) replaces a dead worker while the others "
-           "wait, and the survivors hand it their state, so only the interrupted update is redone; off "
-           "restarts every worker from the last checkpoint (the default for GPU workers, where healing "
-           "in place is not built yet)")
+           "wait, and the survivors hand it their state, so only the interrupted update is redone; off restarts "
+           "every worker from the last checkpoint (the default for GPU workers, which heal in place only with "
+           "--heal on --no-cuda-graph, in grad mode, with a fused optimizer, one worker per GPU)")
     return p.parse_args(argv)
 
 
@@ -179,9 +179,6 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
         raise ConfigError(f"--max-restarts must not be negative, got {args.max_restarts}")
     if args.heal == "on" and not args.max_restarts:
         raise ConfigError("--heal on needs --max-restarts N (how many failures the run may survive), e.g. 3")
-    if args.heal == "on" and gpus:
-        raise ConfigError("--heal on: healing in place is built for CPU workers only so far; GPU workers restart "
-                          "from the last checkpoint (drop --heal on, and save often with --save-every-steps)")
     return gpus, count
 
 
@@ -207,9 +204,34 @@ def placement_flags(args: argparse.Namespace) -> dict:
             "control_address": args.control_address, "encrypt": args.encrypt}
 
 
+def gpu_heal_limit(args: argparse.Namespace) -> str | None:
+    """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
+    if its collectives completed (harness/heal.py), which a fused optimizer can be told; param mode's
+    averaging and workers sharing a GPU have no such guard yet, and a graphed step's heal failed its
+    test on 2 x H200 (bench/results/2026-11-23-h200x2-session10/)."""
+    from harness.optim import default_impl
+    if args.cuda_graph is not False:
+        return "a CUDA-graphed step (pass --no-cuda-graph)"
+    if args.workers_per_gpu > 1:
+        return f"--workers-per-gpu {args.workers_per_gpu}"
+    if args.mode == "param":
+        return "--mode param"
+    if (args.optimizer_impl or default_impl(args.optimizer)) != "fused":
+        return f"--optimizer {args.optimizer}" + (f" --optimizer-impl {args.optimizer_impl}" if args.optimizer_impl else "")
+    return None
+
+
 def heals_in_place(args: argparse.Namespace, gpus: list[int]) -> bool:
-    """Whether a dead worker is replaced and healed from the survivors (else the group restarts)."""
-    return bool(args.max_restarts) and args.heal != "off" and not gpus
+    """Whether a dead worker is replaced and healed from the survivors (else the group restarts).
+    GPU workers heal only when asked to (``--heal on``), while their heal is new."""
+    if not args.max_restarts or args.heal == "off" or (gpus and args.heal is None):
+        return False
+    limit = gpu_heal_limit(args) if gpus else None
+    if limit:
+        raise ConfigError(f"--heal on: GPU workers heal in place eagerly, in grad mode, with a fused optimizer, one "
+                          f"worker per GPU, not with {limit}; drop --heal on to restart from the last checkpoint "
+                          f"instead (save often with --save-every-steps)")
+    return True
 
 
 def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:

@@ -24,6 +24,20 @@ others still have everything it had. The parent starts a replacement for the dea
 
 Only what the communicator carries is used: nothing goes through the parent but the small
 ``Where`` records and the optimizer state's layout.
+
+GPU workers need one thing more (``Ticket``). NCCL collectives are asynchronous: when a peer
+dies, the kernels queued behind an aborted all-reduce still run, the optimizer's step among them,
+on a gradient averaged only in part, and the CPU may be several updates ahead of the GPU by then.
+So each update's collectives end with a one-element all-reduce, the ticket, to which every rank
+adds the number of this attempt (a counter on the GPU that every update, applied or not, moves on).
+Only a sum of world size × attempt says that every rank reached it, and only then does the update
+apply: a fused optimizer skips its step where ``found_inf`` (the flag AMP's grad scaler uses) is
+nonzero. Why not simply add 1 and compare with the world size: a stopped collective's output is
+undefined, and in practice it is a stale value that looks right, an earlier sum (measured on
+2 × H200: the aborted tickets of steps 20-22 read 2, 2, 2 where every rank adds 1, and 38, 40, 42
+where it adds the step; bench/results/2026-11-23-h200x2-session10/revoke-probe/). No earlier sum
+equals this attempt's. The ticket also counts the updates applied, on the GPU: that, not the
+CPU's counter, is where a rank stands when the group heals.
 """
 from __future__ import annotations
 
@@ -50,14 +64,56 @@ class Where:
     stale: int
 
 
+class Ticket:
+    """The guard of a GPU worker's updates (see the module's docstring). ``punch()`` goes after the
+    update's gradient collectives and before the optimizer's step (a CUDA graph captures it);
+    ``optimizer`` must be a fused one, which honours ``found_inf``. ``step``: updates done so far."""
+
+    def __init__(self, comm: Any, optimizer: torch.optim.Optimizer, step: int):
+        self._comm = comm
+        device = torch.device("cuda", torch.cuda.current_device())
+        self._attempt = torch.zeros(1, dtype=torch.int64, device=device)      # the same on every rank
+        self._ticket = torch.zeros(1, dtype=torch.int64, device=device)
+        self._skip = torch.zeros(1, dtype=torch.float32, device=device)
+        self.count = torch.full((1,), step, dtype=torch.int64, device=device)   # updates applied
+        optimizer.found_inf = self._skip
+
+    def punch(self) -> None:
+        self._attempt.add_(1)
+        self._ticket.copy_(self._attempt)
+        self._comm.all_reduce(self._ticket)
+        complete = self._ticket == self._attempt * self._comm.size
+        self._skip.copy_(~complete)
+        self.count.add_(complete)
+
+    def reset(self, step: int) -> None:
+        """After updates that were undone (a CUDA graph's warm-up)."""
+        self.count.fill_(step)
+
+    def applied(self) -> int:
+        """Updates applied; waits for the GPU."""
+        return int(self.count.item())
+
+
+def rewind(where: Where, applied: int, steps_per_epoch: int) -> Where:
+    """``where`` moved back to the update ``applied``: the CPU had gone ahead of what the GPU applied."""
+    lost = where.step - applied
+    epochs, position = divmod(where.position - lost, steps_per_epoch)
+    return Where(where.epoch + epochs, applied, position, where.best_error, where.stale)
+
+
 def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GRACE) -> Any | None:
     """After ``error`` (a failed collective, say) was raised on this rank: if the parent reports a dead
     peer, wait for its replacement and return a communicator over the new generation (``ctx.generation``
     says which). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
-    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser)."""
+    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser), and
+    its CUDA graph only after this returns (the graph's memory must outlive its queued replays)."""
     # The error's frames hold the failed work handles, which hold the process group's sockets open.
     traceback.clear_frames(error.__traceback__)
     ctx.release(comm)
+    if comm.device_type == "cuda":
+        # What was queued behind the aborted collectives (they return at once now) ends here.
+        torch.cuda.synchronize()
     gc.collect()
     if ctx.await_heal(grace) is None:
         return None
@@ -85,7 +141,8 @@ def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.
         for tensor in tensors:
             comm.broadcast(tensor, root=donor)
     _broadcast_optimizer(ctx, comm, optimizer, donor)
-    return places[donor], {"donor": donor, "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
+    return places[donor], {"donor": donor, "steps": [None if place is None else place.step for place in places],
+                           "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
 
 
 def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, donor: int) -> None:
@@ -103,7 +160,10 @@ def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, 
     for slot, tensor in zip(slots, tensors):
         carrier = tensor.to(device).contiguous()
         comm.broadcast(carrier, root=donor)
-        received.append(carrier.to(slot.device))
+        # In the donor's strides: a fused optimizer wants its state laid out as the parameters are
+        # (channels_last, say).
+        received.append(torch.empty_strided(slot.shape, slot.stride, dtype=slot.dtype, device=slot.device)
+                        .copy_(carrier.view(slot.shape)))
     if ctx.rank != donor:
         optimizer.load_state_dict(_fill(layout, received))
 
@@ -112,6 +172,7 @@ def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, 
 class _Slot:
     index: int
     shape: tuple[int, ...]
+    stride: tuple[int, ...]
     dtype: torch.dtype
     device: str
 
@@ -120,7 +181,7 @@ def _layout(value: Any, tensors: list[torch.Tensor]) -> Any:
     """``value`` with each tensor replaced by a _Slot (its place in ``tensors``)."""
     if torch.is_tensor(value):
         tensors.append(value)
-        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype, str(value.device))
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.stride(), value.dtype, str(value.device))
     if isinstance(value, dict):
         return {key: _layout(item, tensors) for key, item in value.items()}
     if isinstance(value, list):

@@ -36,9 +36,10 @@ WARMUP_STEPS = 3
 class TrainStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: FlatParameters,
                  sync: Synchroniser, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 autocast: Callable[[], Any], clip: float | None = None, accum: int = 1):
+                 autocast: Callable[[], Any], clip: float | None = None, accum: int = 1, ticket: Any = None):
         self.model, self.optimizer, self.flat, self.sync = model, optimizer, flat, sync
         self.loss_fn, self.autocast, self.clip, self.accum = loss_fn, autocast, clip, accum
+        self.ticket = ticket        # a GPU worker that heals: the update applies only if it completed (heal.Ticket)
         self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -52,6 +53,8 @@ class TrainStep:
                 loss = sum(self.backward(xm, ym) for xm, ym in parts[:-1])
             loss = loss + self.backward(*parts[-1])
         self.sync.after_backward()
+        if self.ticket is not None:
+            self.ticket.punch()
         if self.clip is not None:
             self.grad_norm = clip_grad_norm(self.flat.grads, self.clip)
         self.optimizer.step()
@@ -134,19 +137,21 @@ class GraphedTrainStep(TrainStep):
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x, non_blocking=True)
         self.y.copy_(y, non_blocking=True)
-        self.graph.replay()
+        with self.sync.comm.launching():     # the graph holds the communicator's collectives
+            self.graph.replay()
         return self.loss
 
 
 def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool | None = None,
               example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print,
-              clip: float | None = None, accum: int = 1) -> TrainStep:
+              clip: float | None = None, accum: int = 1, ticket: Any = None) -> TrainStep:
     """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
     otherwise an eager one, with a message saying why (asked for by name, even on the CPU).
     ``clip``: clip the averaged gradients to this global norm before the optimizer's step.
-    ``accum``: micro-batches per update (the batches given are ``accum`` times the micro-batch)."""
+    ``accum``: micro-batches per update (the batches given are ``accum`` times the micro-batch).
+    ``ticket``: heal.Ticket, the guard of a GPU worker's updates when the group heals in place."""
     args = (model, optimizer, flat, sync, loss_fn, autocast)
-    eager = functools.partial(TrainStep, *args, clip=clip, accum=accum)
+    eager = functools.partial(TrainStep, *args, clip=clip, accum=accum, ticket=ticket)
     if cuda_graph is False:
         return eager()
     if example is None or example[0].device.type != "cuda":
@@ -161,7 +166,7 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
             "replay; running eagerly")
         return eager()
     make_capturable(optimizer)
-    step = GraphedTrainStep(*args, example=example, clip=clip, accum=accum)
+    step = GraphedTrainStep(*args, example=example, clip=clip, accum=accum, ticket=ticket)
     problem = None
     try:
         step.capture()

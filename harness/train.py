@@ -25,7 +25,7 @@ import torch
 from . import timeline
 from .checkpoint import load_checkpoint, rng_state, set_rng_state
 from .flat import FlatParameters
-from .heal import Where, hand_over, rejoin
+from .heal import Ticket, Where, hand_over, rejoin, rewind
 from .interrupt import StopVote
 from .metrics import worker_memory_mb
 from .optim import build_optimizer, load_optimizer_state
@@ -185,6 +185,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
         if not config["save"] or saved_at == step:
             return
         sync.finish()
+        if train_step.ticket is not None and train_step.ticket.applied() != step:
+            raise RuntimeError(f"update {step} did not complete on every rank")     # a peer died: heal
         generators = ctx.exchange(ctx.unique_tag("rng"), rng_state(device))
         if lead:
             saved = {"event": "saved", "epoch": epoch, "step": step, "path": config["save"]}
@@ -209,15 +211,20 @@ def train_worker(ctx: Any, config: dict) -> dict:
 
     def attach(start: bool) -> tuple[Synchroniser, StopVote, Any]:
         """What keeps this rank in step through ``comm``: the synchroniser (``start``: first making every
-        replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator)."""
+        replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator;
+        GPU workers that heal guard each update with a ticket, harness/heal.py)."""
         sync = make_synchroniser(config, comm, flat, optimizer)
         if start:
             sync.start()
-        return sync, StopVote(ctx, comm, device), make_step(
+        ticket = Ticket(comm, optimizer, step) if config["heal"] and device.type == "cuda" else None
+        train_step = make_step(
             forward, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
             False if scheduled else config["cuda_graph"], example=example,
             say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
-            accum=config["grad_accum"])
+            accum=config["grad_accum"], ticket=ticket)
+        if ticket is not None:
+            ticket.reset(step)      # a graph's warm-up updates were undone
+        return sync, StopVote(ctx, comm, device), train_step
 
     def heal(where: Where | None) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the
@@ -302,9 +309,15 @@ def train_worker(ctx: Any, config: dict) -> dict:
                 raise
             sync.close()
             comm = rejoin(ctx, comm, error)
+            # After rejoin's device synchronisation: a graph frees its memory.
+            ticket, train_step, vote = train_step.ticket, None, None
             if comm is None:
                 raise
-            heal(Where(epoch, step, position, best_error, stale))
+            where = Where(epoch, step, position, best_error, stale)
+            if ticket is not None:
+                where = rewind(where, ticket.applied(), batches.steps_per_epoch)
+                ctx.print(f"queued {step - where.step} updates past the last applied one ({where.step})")
+            heal(where)
 
     sync.finish()
     saver.wait()

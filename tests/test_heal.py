@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from conftest import descendants, kill_quietly
+import Train
 from harness import ChildFailed, Parent
+from harness.heal import Where, rewind
 from harness.checkpoint import load_checkpoint
 from harness.metrics import read_metrics
 from scripts.soak_heal import soak
@@ -196,3 +198,26 @@ def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_le
         assert row["max_abs_diff_vs_uninterrupted"] == 0.0, row
         assert row["steps_lost_max"] is None or row["steps_lost_max"] <= 1, row
 
+
+def test_a_gpu_rank_that_went_ahead_of_its_applied_updates_is_moved_back_across_an_epoch_end():
+    """GPU workers: the CPU may have queued updates past the last one the GPU applied (harness/heal.py)."""
+    assert rewind(Where(3, 50, 2, 0.5, 1), applied=45, steps_per_epoch=16) == Where(2, 45, 13, 0.5, 1)
+    assert rewind(Where(3, 50, 2, 0.5, 1), applied=50, steps_per_epoch=16) == Where(3, 50, 2, 0.5, 1)
+    assert rewind(Where(3, 48, 16, 0.5, 1), applied=47, steps_per_epoch=16) == Where(3, 47, 15, 0.5, 1)
+
+
+@pytest.mark.parametrize("flags, limit", [([], None), (["--mode", "param"], "--mode param"),
+                                          (["--optimizer-impl", "foreach"], "--optimizer sgd --optimizer-impl foreach"),
+                                          (["--optimizer", "ccnesterov"], "--optimizer ccnesterov"),
+                                          (["--workers-per-gpu", "2"], "--workers-per-gpu 2")])
+def test_gpu_workers_heal_in_place_only_when_asked_and_where_their_updates_can_be_guarded(flags, limit):
+    assert Train.heals_in_place(Train.parse_args(["--max-restarts", "2", *flags]), gpus=[0, 1]) is False
+    assert Train.heals_in_place(Train.parse_args(["--max-restarts", "2", *flags]), gpus=[]) is True
+    asked = Train.parse_args(["--max-restarts", "2", "--heal", "on", "--no-cuda-graph", *flags])
+    if limit is None:
+        assert Train.heals_in_place(asked, gpus=[0, 1]) is True
+    else:
+        with pytest.raises(Train.ConfigError, match=f"not with {re.escape(limit)}; drop --heal on"):
+            Train.heals_in_place(asked, gpus=[0, 1])
+    with pytest.raises(Train.ConfigError, match="not with a CUDA-graphed step"):
+        Train.heals_in_place(Train.parse_args(["--max-restarts", "2", "--heal", "on"]), gpus=[0, 1])

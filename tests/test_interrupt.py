@@ -34,14 +34,16 @@ def start_train(tmp_path, *flags):
 
 def wait_for_record(process, tmp_path, found) -> list[dict]:
     """The run's records (metrics.jsonl) once ``found(records)`` is true; fails after 120 s."""
-    log, deadline = tmp_path / "logs" / "metrics.jsonl", time.monotonic() + 120
+    log, deadline, records = tmp_path / "logs" / "metrics.jsonl", time.monotonic() + 120, []
     while time.monotonic() < deadline and process.poll() is None:
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         if found(records):
             return records
         time.sleep(0.05)
     process.kill()
-    pytest.fail(f"Train.py did not report what the test waits for:\n{process.communicate()[1]}")
+    out, err = process.communicate()
+    pytest.fail(f"Train.py did not report what the test waits for; its records: {[r['event'] for r in records]}\n"
+                f"its stdout:\n{out[-3000:]}\nits stderr:\n{err[-3000:]}")
 
 
 def left_in_tmp(tmp_path) -> list[str]:

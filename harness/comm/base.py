@@ -9,7 +9,8 @@ stream it goes on depends on ``async_op``) and ``_finish`` turns that into the c
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -89,6 +90,12 @@ class Communicator:
         if self.aborted is None:
             self.aborted = reason
             self._abort()
+
+    def launching(self) -> ContextManager[None]:
+        """Hold while enqueuing work that uses this communicator outside its own methods (a CUDA
+        graph's replay): raises if it was aborted."""
+        self._check_alive()
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         """Release the communicator; called for you when the child's function returns."""

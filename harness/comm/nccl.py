@@ -8,8 +8,11 @@ asynchronous call goes on a side stream that first waits for the current one; it
 allocator from reusing the buffers before NCCL is done with them.
 
 The unique id is made once by rank 0 and handed to the others over the control plane.
-``abort()`` (ncclCommAbort) is safe from another thread: the parent's failure notice calls it
-from the housekeeping thread, so a kernel waiting on a dead peer returns.
+``abort()`` is safe from another thread: the parent's failure notice calls it from the
+housekeeping thread, so a kernel waiting on a dead peer returns. It revokes the communicator
+without holding the GIL where NCCL can (harness/comm/ncclstop.py), and the rank may go on
+(healing, harness/heal.py): the revoked communicator is destroyed when it is closed, after the
+device has run what was queued behind its collectives. Without revoke it is cupy's ncclCommAbort.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import ncclstop
 from .base import Communicator, Work
 
 # The current stream's cudaStream_t. torch.cuda.current_stream() builds a Python Stream object
@@ -57,6 +61,7 @@ class NcclCommunicator(Communicator):
         self._stream = stream
         self._side: torch.cuda.Stream | None = None
         self._now: int = 0                   # raw handle of the stream the current call goes on
+        self._revoked = False
         self._remove_hook = ctx.on_abort(self.abort)
 
     def _finish(self, pending: tuple[Callable[[], None], tuple[torch.Tensor, ...]], async_op: bool) -> Work | None:
@@ -105,11 +110,13 @@ class NcclCommunicator(Communicator):
         self._check_alive()
 
     def _abort(self) -> None:
-        self._comm.abort()
+        self._revoked = ncclstop.revoke(self._comm)
+        if not self._revoked:
+            self._comm.abort()
 
     def _close(self) -> None:
         self._remove_hook()
-        if self._comm is not None and self.aborted is None:
-            torch.cuda.current_stream().synchronize()
+        if self._comm is not None and (self.aborted is None or self._revoked):
+            torch.cuda.synchronize()        # a revoked communicator's queued kernels still read it
             self._comm.destroy()
         self._comm = None

@@ -1,0 +1,77 @@
+"""Healing in place on GPU workers (NCCL): a worker SIGKILLed or stopped mid-run is replaced on its
+GPU, the survivors abort the broken communicator without losing their CUDA context, open a new one
+with the replacement and hand it their state; the run ends where an uninterrupted one does. The
+model spins the GPU (``torch.cuda._sleep``) in its forward pass, so a step takes real GPU time in
+eager and graphed steps alike and the signal lands while kernels, collectives among them, run."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from conftest import has_gpus, kill_quietly
+from harness.metrics import read_metrics
+from test_heal import recovered, records_of
+from test_interrupt import finish, left_in_tmp, start_train, wait_for_record
+from test_recovery import workers_of
+from test_train import flat_params, run_train
+
+pytestmark = pytest.mark.gpu
+
+SPINNING_MODEL = '''
+import torch
+
+class Spinning(torch.nn.Linear):
+    """A linear model whose forward pass keeps the GPU busy for ``cycles`` clock cycles."""
+    def __init__(self, inputs, outputs, cycles):
+        super().__init__(inputs, outputs)
+        self.cycles = cycles
+
+    def forward(self, x):
+        torch.cuda._sleep(self.cycles)
+        return super().forward(x.flatten(1))
+
+def model(info, cycles=20_000_000):
+    return Spinning(64, info.num_classes, cycles)
+'''
+FLAGS = ["--model", "spinning_model:model", "--gpus", "0,1", "--batch-size", "16", "--max-steps", "400",
+         "--save-every-steps", "100", "--heartbeat-timeout", "5", "--no-tf32"]
+
+
+@pytest.mark.parametrize("flags, hang", [(["--no-cuda-graph"], True)], ids=["eager"])
+def test_gpu_workers_killed_and_hung_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, monkeypatch,
+                                                                                         flags, hang):
+    if not has_gpus(2):
+        pytest.skip("needs 2 CUDA GPUs")
+    (tmp_path / "spinning_model.py").write_text(SPINNING_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    process = start_train(tmp_path, *FLAGS, *flags, "--max-restarts", "2", "--heal", "on")
+    workers = workers_of(process)
+    print("workers:", workers, [open(f"/proc/{pid}/cmdline", "rb").read() for pid in workers])
+    os.kill(workers[1], signal.SIGKILL)
+    wait_for_record(process, tmp_path, recovered(1))
+    hung = workers_of(process)[0]
+    if hang:
+        os.kill(hung, signal.SIGSTOP)       # silent for --heartbeat-timeout: killed, then healed
+    status, err, left, out = finish(process, tmp_path)
+    kill_quietly(hung, signal.SIGCONT)
+
+    assert status == 0, err
+    heals = records_of(tmp_path, "recovered")
+    print("GPU heals:", heals, [line for line in out.splitlines() if "queued" in line])
+    assert [(r["rank"], r["generation"]) for r in heals] == [(1, 1), (0, 2)][:1 + hang], heals
+    assert heals[0]["cause"] == "was killed by signal SIGKILL"
+    assert not hang or heals[1]["cause"].startswith("stopped responding")
+    assert all(r["steps_lost"] <= 1 for r in heals)
+    assert records_of(tmp_path, "restart") == []
+    assert left == [] and left_in_tmp(tmp_path) == []
+
+    _, straight = run_train(tmp_path, *FLAGS, *flags, name="straight")
+    healed, expected = flat_params(tmp_path / "model.pt"), flat_params(straight)
+    losses = [[round(r["train_loss"], 6) for r in read_metrics(log) if r["event"] == "epoch"]
+              for log in (tmp_path / "logs" / "metrics.jsonl", tmp_path / "straight" / "metrics.jsonl")]
+    print("epoch losses, healed and uninterrupted:", losses)
+    print("max abs difference from the uninterrupted run:", (healed - expected).abs().max().item())
+    assert torch.allclose(healed, expected, rtol=0, atol=1e-6), (healed - expected).abs().max()
