@@ -86,10 +86,6 @@ class Ticket:
         self._skip.copy_(~complete)
         self.count.add_(complete)
 
-    def reset(self, step: int) -> None:
-        """After updates that were undone (a CUDA graph's warm-up)."""
-        self.count.fill_(step)
-
     def applied(self) -> int:
         """Updates applied; waits for the GPU."""
         return int(self.count.item())
@@ -163,7 +159,7 @@ def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, 
         # In the donor's strides: a fused optimizer wants its state laid out as the parameters are
         # (channels_last, say).
         received.append(torch.empty_strided(slot.shape, slot.stride, dtype=slot.dtype, device=slot.device)
-                        .copy_(carrier.view(slot.shape)))
+                        .copy_(carrier))
     if ctx.rank != donor:
         optimizer.load_state_dict(_fill(layout, received))
 

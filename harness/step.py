@@ -137,8 +137,8 @@ class GraphedTrainStep(TrainStep):
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x, non_blocking=True)
         self.y.copy_(y, non_blocking=True)
-        with self.sync.comm.launching():     # the graph holds the communicator's collectives
-            self.graph.replay()
+        self.sync.comm.check_alive()        # the graph holds the communicator's collectives
+        self.graph.replay()
         return self.loss
 
 

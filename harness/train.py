@@ -217,14 +217,11 @@ def train_worker(ctx: Any, config: dict) -> dict:
         if start:
             sync.start()
         ticket = Ticket(comm, optimizer, step) if config["heal"] and device.type == "cuda" else None
-        train_step = make_step(
+        return sync, StopVote(ctx, comm, device), make_step(
             forward, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
             False if scheduled else config["cuda_graph"], example=example,
             say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
             accum=config["grad_accum"], ticket=ticket)
-        if ticket is not None:
-            ticket.reset(step)      # a graph's warm-up updates were undone
-        return sync, StopVote(ctx, comm, device), train_step
 
     def heal(where: Where | None) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the

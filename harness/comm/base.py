@@ -9,8 +9,7 @@ stream it goes on depends on ``async_op``) and ``_finish`` turns that into the c
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 
@@ -82,7 +81,7 @@ class Communicator:
 
     def barrier(self) -> None:
         """Returns on every rank once all ranks have reached it."""
-        self._check_alive()
+        self.check_alive()
         self._barrier()
 
     def abort(self, reason: str = "aborted") -> None:
@@ -90,12 +89,6 @@ class Communicator:
         if self.aborted is None:
             self.aborted = reason
             self._abort()
-
-    def launching(self) -> ContextManager[None]:
-        """Hold while enqueuing work that uses this communicator outside its own methods (a CUDA
-        graph's replay): raises if it was aborted."""
-        self._check_alive()
-        return contextlib.nullcontext()
 
     def close(self) -> None:
         """Release the communicator; called for you when the child's function returns."""
@@ -109,12 +102,14 @@ class Communicator:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise if this communicator was aborted; also before work that uses it outside its own
+        methods (a CUDA graph's replay of its collectives)."""
         if self.aborted is not None:
             raise RuntimeError(f"{self.backend} communicator of rank {self.rank} was aborted: {self.aborted}")
 
     def _check(self, t: Any, name: str) -> None:
-        self._check_alive()
+        self.check_alive()
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != self.device_type:

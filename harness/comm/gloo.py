@@ -55,13 +55,13 @@ class GlooCommunicator(Communicator):
 
     def _work(self, work: Any, then=None) -> Work:
         def wait() -> None:
-            self._check_alive()
+            self.check_alive()
             self._in_flight += 1
             try:
                 work.wait()
             finally:
                 self._in_flight -= 1
-            self._check_alive()
+            self.check_alive()
             if then is not None:
                 then()
         return Work(wait)

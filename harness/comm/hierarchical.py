@@ -116,7 +116,7 @@ class HierarchicalCommunicator(Communicator):
                 group.acquire(0)
             if deliver is not None:
                 deliver(group.slot(0, t.dtype, result_numel))
-        self._check_alive()
+        self.check_alive()
         return Work()
 
     def _member_input(self, member: int, t: torch.Tensor) -> torch.Tensor:
@@ -174,7 +174,7 @@ class HierarchicalCommunicator(Communicator):
         self.all_reduce(token)
         if self.device_type == "cuda":
             torch.cuda.current_stream().synchronize()
-        self._check_alive()
+        self.check_alive()
 
     def _abort(self) -> None:
         if self.leaders is not None:

@@ -107,7 +107,7 @@ class NcclCommunicator(Communicator):
         token = torch.zeros(1, device="cuda")
         self.all_reduce(token)
         (self._stream or torch.cuda.current_stream()).synchronize()
-        self._check_alive()
+        self.check_alive()
 
     def _abort(self) -> None:
         self._revoked = ncclstop.revoke(self._comm)
