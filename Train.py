@@ -138,10 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
            "in place (see --heal) or else every worker restarts from the last checkpoint; an exception in "
            "the training code is not retried")
     a("--heal", choices=("on", "off"), default=None,
-      help="with --max-restarts: on (the default for CPU workers) replaces a dead worker while the others "
-           "wait, and the survivors hand it their state, so only the interrupted update is redone; off restarts "
-           "every worker from the last checkpoint (the default for GPU workers, which heal in place only with "
-           "--heal on --no-cuda-graph, in grad mode, with a fused optimizer, one worker per GPU)")
+      help="with --max-restarts: on (the default) replaces a dead worker while the others wait, and the survivors "
+           "hand it their state, so only the interrupted update is redone; off restarts every worker from the "
+           "last checkpoint (also what GPU workers do in param mode, with --workers-per-gpu above 1 or with a "
+           "non-fused optimizer, unless --heal on asks, which is then an error)")
     return p.parse_args(argv)
 
 
@@ -207,11 +207,8 @@ def placement_flags(args: argparse.Namespace) -> dict:
 def gpu_heal_limit(args: argparse.Namespace) -> str | None:
     """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
     if its collectives completed (harness/heal.py), which a fused optimizer can be told; param mode's
-    averaging and workers sharing a GPU have no such guard yet, and a graphed step's heal failed its
-    test on 2 x H200 (bench/results/2026-11-23-h200x2-session10/)."""
+    averaging and workers sharing a GPU have no such guard yet."""
     from harness.optim import default_impl
-    if args.cuda_graph is not False:
-        return "a CUDA-graphed step (pass --no-cuda-graph)"
     if args.workers_per_gpu > 1:
         return f"--workers-per-gpu {args.workers_per_gpu}"
     if args.mode == "param":
@@ -222,16 +219,16 @@ def gpu_heal_limit(args: argparse.Namespace) -> str | None:
 
 
 def heals_in_place(args: argparse.Namespace, gpus: list[int]) -> bool:
-    """Whether a dead worker is replaced and healed from the survivors (else the group restarts).
-    GPU workers heal only when asked to (``--heal on``), while their heal is new."""
-    if not args.max_restarts or args.heal == "off" or (gpus and args.heal is None):
+    """Whether a dead worker is replaced and healed from the survivors (else the group restarts from the
+    last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart."""
+    if not args.max_restarts or args.heal == "off":
         return False
     limit = gpu_heal_limit(args) if gpus else None
-    if limit:
-        raise ConfigError(f"--heal on: GPU workers heal in place eagerly, in grad mode, with a fused optimizer, one "
-                          f"worker per GPU, not with {limit}; drop --heal on to restart from the last checkpoint "
-                          f"instead (save often with --save-every-steps)")
-    return True
+    if limit and args.heal == "on":
+        raise ConfigError(f"--heal on: GPU workers heal in place in grad mode, with a fused optimizer, one worker "
+                          f"per GPU, not with {limit}; drop --heal on to restart from the last checkpoint instead "
+                          f"(save often with --save-every-steps)")
+    return limit is None
 
 
 def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import gc
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -98,19 +98,22 @@ def rewind(where: Where, applied: int, steps_per_epoch: int) -> Where:
     return Where(where.epoch + epochs, applied, position, where.best_error, where.stale)
 
 
-def rejoin(ctx: Any, comm: Any, error: BaseException, grace: float = RECOVERY_GRACE) -> Any | None:
+def rejoin(ctx: Any, comm: Any, error: BaseException, forget: Callable[[], None] = lambda: None,
+           grace: float = RECOVERY_GRACE) -> Any | None:
     """After ``error`` (a failed collective, say) was raised on this rank: if the parent reports a dead
     peer, wait for its replacement and return a communicator over the new generation (``ctx.generation``
     says which). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
-    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser), and
-    its CUDA graph only after this returns (the graph's memory must outlive its queued replays)."""
+    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser);
+    ``forget`` lets go of the rest (a CUDA graph that captured ``comm``), once the device has run what was
+    queued (a graph's memory must outlive its queued replays) and before ``comm`` is destroyed."""
     # The error's frames hold the failed work handles, which hold the process group's sockets open.
     traceback.clear_frames(error.__traceback__)
-    ctx.release(comm)
     if comm.device_type == "cuda":
         # What was queued behind the aborted collectives (they return at once now) ends here.
         torch.cuda.synchronize()
+    forget()
     gc.collect()
+    ctx.release(comm)
     if ctx.await_heal(grace) is None:
         return None
     return ctx.communicator()

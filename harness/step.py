@@ -60,6 +60,9 @@ class TrainStep:
         self.optimizer.step()
         return loss
 
+    def release(self) -> None:
+        """Let go of what holds the communicator's collectives (a graph does; an eager step, nothing)."""
+
     def backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward and backward on one (micro-)batch, accumulating into the flat gradients."""
         with self.autocast():
@@ -118,6 +121,7 @@ class GraphedTrainStep(TrainStep):
         super().__init__(*args, **options)
         self.x, self.y = (t.clone() for t in example)
         rewind = Rewind(self.model, self.optimizer)
+        applied = self.ticket.count.clone() if self.ticket is not None else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -125,6 +129,8 @@ class GraphedTrainStep(TrainStep):
                 super().__call__(self.x, self.y)
         torch.cuda.current_stream().wait_stream(side)
         rewind.restore()
+        if applied is not None:         # warm-up's updates were undone: not applied after all
+            self.ticket.count.copy_(applied)
         torch.cuda.empty_cache()        # warm-up's activations: the graph allocates its own
         self.graph = torch.cuda.CUDAGraph()
 
@@ -140,6 +146,13 @@ class GraphedTrainStep(TrainStep):
         self.sync.comm.check_alive()        # the graph holds the communicator's collectives
         self.graph.replay()
         return self.loss
+
+    def release(self) -> None:
+        """Free the graph. NCCL ties a communicator's resources to each graph that captured its
+        collectives and lets go of them when the graph goes, so a graph must go before its
+        communicator is destroyed: after it, freeing the graph touched freed memory (SIGSEGV on
+        2 x H200), and destroying a live communicator first waited on the graph for ever."""
+        self.graph.reset()
 
 
 def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool | None = None,

@@ -305,8 +305,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             if not config["heal"]:
                 raise
             sync.close()
-            comm = rejoin(ctx, comm, error)
-            # After rejoin's device synchronisation: a graph frees its memory.
+            comm = rejoin(ctx, comm, error, forget=train_step.release)
             ticket, train_step, vote = train_step.ticket, None, None
             if comm is None:
                 raise

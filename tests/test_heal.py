@@ -206,18 +206,18 @@ def test_a_gpu_rank_that_went_ahead_of_its_applied_updates_is_moved_back_across_
     assert rewind(Where(3, 48, 16, 0.5, 1), applied=47, steps_per_epoch=16) == Where(3, 47, 15, 0.5, 1)
 
 
-@pytest.mark.parametrize("flags, limit", [([], None), (["--mode", "param"], "--mode param"),
+@pytest.mark.parametrize("flags, limit", [([], None), (["--no-cuda-graph"], None), (["--mode", "param"], "--mode param"),
                                           (["--optimizer-impl", "foreach"], "--optimizer sgd --optimizer-impl foreach"),
                                           (["--optimizer", "ccnesterov"], "--optimizer ccnesterov"),
                                           (["--workers-per-gpu", "2"], "--workers-per-gpu 2")])
-def test_gpu_workers_heal_in_place_only_when_asked_and_where_their_updates_can_be_guarded(flags, limit):
-    assert Train.heals_in_place(Train.parse_args(["--max-restarts", "2", *flags]), gpus=[0, 1]) is False
-    assert Train.heals_in_place(Train.parse_args(["--max-restarts", "2", *flags]), gpus=[]) is True
-    asked = Train.parse_args(["--max-restarts", "2", "--heal", "on", "--no-cuda-graph", *flags])
+def test_gpu_workers_heal_in_place_where_their_updates_can_be_guarded_and_else_restart(flags, limit):
+    default = Train.parse_args(["--max-restarts", "2", *flags])
+    assert Train.heals_in_place(default, gpus=[0, 1]) is (limit is None)
+    assert Train.heals_in_place(default, gpus=[]) is True
+    assert Train.heals_in_place(Train.parse_args(["--max-restarts", "2", "--heal", "off", *flags]), gpus=[0, 1]) is False
+    asked = Train.parse_args(["--max-restarts", "2", "--heal", "on", *flags])
     if limit is None:
         assert Train.heals_in_place(asked, gpus=[0, 1]) is True
     else:
         with pytest.raises(Train.ConfigError, match=f"not with {re.escape(limit)}; drop --heal on"):
             Train.heals_in_place(asked, gpus=[0, 1])
-    with pytest.raises(Train.ConfigError, match="not with a CUDA-graphed step"):
-        Train.heals_in_place(Train.parse_args(["--max-restarts", "2", "--heal", "on"]), gpus=[0, 1])

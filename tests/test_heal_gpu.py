@@ -40,14 +40,14 @@ FLAGS = ["--model", "spinning_model:model", "--gpus", "0,1", "--batch-size", "16
          "--save-every-steps", "100", "--heartbeat-timeout", "5", "--no-tf32"]
 
 
-@pytest.mark.parametrize("flags, hang", [(["--no-cuda-graph"], True)], ids=["eager"])
+@pytest.mark.parametrize("flags, hang", [([], True), (["--no-cuda-graph"], True)], ids=["graphed", "eager"])
 def test_gpu_workers_killed_and_hung_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, monkeypatch,
                                                                                          flags, hang):
     if not has_gpus(2):
         pytest.skip("needs 2 CUDA GPUs")
     (tmp_path / "spinning_model.py").write_text(SPINNING_MODEL)
     monkeypatch.syspath_prepend(str(tmp_path))
-    process = start_train(tmp_path, *FLAGS, *flags, "--max-restarts", "2", "--heal", "on")
+    process = start_train(tmp_path, *FLAGS, *flags, "--max-restarts", "2")
     workers = workers_of(process)
     print("workers:", workers, [open(f"/proc/{pid}/cmdline", "rb").read() for pid in workers])
     os.kill(workers[1], signal.SIGKILL)
