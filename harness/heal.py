@@ -154,15 +154,15 @@ def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, 
     _collect(layout, slots)
     if ctx.rank != donor:
         tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in slots]
-    device = torch.device(comm.device_type, 0) if comm.device_type == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if comm.device_type == "cuda" else torch.device("cpu")
     received = []
     for slot, tensor in zip(slots, tensors):
         carrier = tensor.to(device).contiguous()
         comm.broadcast(carrier, root=donor)
         # In the donor's strides: a fused optimizer wants its state laid out as the parameters are
-        # (channels_last, say).
-        received.append(torch.empty_strided(slot.shape, slot.stride, dtype=slot.dtype, device=slot.device)
-                        .copy_(carrier))
+        # (channels_last, say). On this rank's GPU: the donor's "cuda:0" need not be this rank's.
+        here = torch.device("cpu") if torch.device(slot.device).type == "cpu" else device
+        received.append(torch.empty_strided(slot.shape, slot.stride, dtype=slot.dtype, device=here).copy_(carrier))
     if ctx.rank != donor:
         optimizer.load_state_dict(_fill(layout, received))
 

@@ -29,6 +29,6 @@ def open_store(ctx: Any, timeout: float = 1800.0, host: str | None = None) -> di
 
 def init_torch_distributed(ctx: Any, backend: str = "nccl", timeout: float = 1800.0) -> None:
     """Collective call on every child: join torch.distributed's default process group."""
-    device = torch.device("cuda", 0) if backend == "nccl" else None
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
     dist.init_process_group(backend, store=open_store(ctx, timeout), rank=ctx.rank, world_size=ctx.world_size,
                             timeout=datetime.timedelta(seconds=timeout), device_id=device)
