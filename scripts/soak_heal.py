@@ -12,7 +12,9 @@ gone on after the last heal, a random worker gets SIGKILL or SIGSTOP (a hang: th
 after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
 parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
 recover_s_median / recover_s_max (from the signal to the workers' report that training goes on),
-steps_lost_max, max_abs_diff_vs_uninterrupted, restarts (heals that fell back to a checkpoint
+steps_lost_max, max_abs_diff_vs_uninterrupted (parameters and buffers, BatchNorm's running
+statistics aside), max_abs_diff_running_stats (those: they are per rank, and a replacement starts
+from the donor's; null without BatchNorm), restarts (heals that fell back to a checkpoint
 restart), orphans (processes of the run left after it), hung (the run did not end in time).
 tests/test_heal.py runs it in CI.
 """
@@ -56,6 +58,7 @@ def model(info, delay=0.25, ballast=0):
     return Slow(64, info.num_classes, delay, ballast)
 '''
 RUN_TIMEOUT = 600.0
+RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")   # BatchNorm's, per rank
 
 
 def cpu_job(workers: int) -> list[str]:
@@ -165,6 +168,14 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
             "restarts": sum(r["event"] == "restart" for r in found), "stderr": err}
 
 
+def max_abs_diff(state: dict, expected: dict, running_stats: bool) -> float | None:
+    """The largest difference between two model state dicts, over BatchNorm's running statistics or
+    over everything else; None where there is nothing of the kind."""
+    diffs = [(state[k].double() - v.double()).abs().max().item() for k, v in expected.items()
+             if k.endswith(RUNNING_STATS) == running_stats]
+    return max(diffs, default=None)
+
+
 def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
          train_flags: list[str] | None = None, save_every: int = 50,
          signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None,
@@ -191,10 +202,11 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
             if stderr_to is not None:
                 stderr_to.with_name(f"{stderr_to.name}.{name}.stderr").write_text(result["stderr"])
             saved = work / f"{name}.pt"
-            diff, finished = None, False
+            diff, stats_diff, finished = None, None, False
             if result["process_status"] == 0 and saved.exists():
                 final = torch.load(saved, map_location="cpu", weights_only=False)
-                diff = max((final["model"][k].double() - v.double()).abs().max().item() for k, v in expected.items())
+                diff = max_abs_diff(final["model"], expected, running_stats=False)
+                stats_diff = max_abs_diff(final["model"], expected, running_stats=True)
                 finished = final["step"] == steps
             recover = result["recover"]
             rows.append({"model": model, "heal": heal, "gpus": workers_n if gpus else 0,
@@ -203,7 +215,8 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                          "recover_s_median": statistics.median(recover) if recover else None,
                          "recover_s_max": max(recover) if recover else None,
                          "steps_lost_max": max(result["steps_lost"], default=None),
-                         "max_abs_diff_vs_uninterrupted": diff, "restarts": result["restarts"],
+                         "max_abs_diff_vs_uninterrupted": diff, "max_abs_diff_running_stats": stats_diff,
+                         "restarts": result["restarts"],
                          "finished": finished,
                          "orphans": result["orphans"], "hung": result["hung"], "causes": result["causes"],
                          "stderr_tail": result["stderr_tail"]})
