@@ -31,6 +31,16 @@ def records_of(tmp_path, event: str) -> list[dict]:
     return [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == event]
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The checkpoint of FLAGS' uninterrupted run, which a healed or restarted run must equal bit for bit."""
+    directory = tmp_path_factory.mktemp("straight")
+    (directory / "slow_model.py").write_text(SLOW_MODEL)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(directory))
+        return run_train(directory, *FLAGS, name="straight")[1]
+
+
 def recovered(count: int):
     """A wait condition: ``count`` heals done, and training has reported an update since."""
     def found(records):
@@ -39,9 +49,8 @@ def recovered(count: int):
     return found
 
 
-def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, monkeypatch):
+def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, straight):
     (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    monkeypatch.syspath_prepend(str(tmp_path))           # for the straight run below, in this process
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, recovered(1))
@@ -59,8 +68,6 @@ def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrup
     assert records_of(tmp_path, "restart") == []
     assert "rank 1 (was killed by signal SIGKILL) recovered in " in out
     assert left == [] and left_in_tmp(tmp_path) == []
-
-    _, straight = run_train(tmp_path, *FLAGS, name="straight")
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))      # bit for bit
 
 
@@ -103,10 +110,9 @@ def test_param_mode_heals_from_the_survivors_average(tmp_path):
     assert records_of(tmp_path, "done")[0]["step"] == 60 and left == []
 
 
-def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tmp_path, monkeypatch):
+def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tmp_path, straight):
     """The second death is found while the first is being healed: the group restarts instead."""
     (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    monkeypatch.syspath_prepend(str(tmp_path))
     # No hang in this test: a longer heartbeat timeout keeps a restarted worker that is slow to start
     # on a busy 2-core machine from counting as hung.
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heartbeat-timeout", "15")
@@ -119,7 +125,6 @@ def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tm
     [restart] = records_of(tmp_path, "restart")
     assert restart["restart"] == 2 and restart["resume"] == str(tmp_path / "model.pt")
     assert records_of(tmp_path, "recovered") == [] and left == []
-    _, straight = run_train(tmp_path, *FLAGS, name="straight")
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
 
 
