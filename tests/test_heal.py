@@ -4,6 +4,7 @@ the run ends exactly where an uninterrupted one does. Real processes, real signa
 underneath (Children.replace, ctx.await_heal through harness.heal.rejoin) used directly."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -199,9 +200,10 @@ def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_le
     assert sum(row["kills"] for row in rows) == 20
     assert {"SIGKILL", "SIGSTOP"} <= {s for row in rows for s in row["signals"]}
     for row in rows:
-        assert row["finished"] and not row["hung"] and row["orphans"] == 0, row
-        assert row["max_abs_diff_vs_uninterrupted"] == 0.0, row
-        assert row["steps_lost_max"] is None or row["steps_lost_max"] <= 1, row
+        shown = json.dumps(row, indent=1)        # the whole row, its stderr's tail included
+        assert row["finished"] and not row["hung"] and row["orphans"] == 0, shown
+        assert row["max_abs_diff_vs_uninterrupted"] == 0.0, shown
+        assert row["steps_lost_max"] is None or row["steps_lost_max"] <= 1, shown
 
 
 def test_a_gpu_rank_that_went_ahead_of_its_applied_updates_is_moved_back_across_an_epoch_end():
