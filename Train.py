@@ -141,7 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       help="with --max-restarts: on (the default) replaces a dead worker while the others wait, and the survivors "
            "hand it their state, so only the interrupted update is redone; off restarts every worker from the "
            "last checkpoint (also what GPU workers do in param mode, with --workers-per-gpu above 1 or with a "
-           "non-fused optimizer, unless --heal on asks, which is then an error)")
+           "non-fused optimizer; --heal on with them is an error)")
     return p.parse_args(argv)
 
 

@@ -159,6 +159,8 @@ def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, 
     for slot, tensor in zip(slots, tensors):
         carrier = tensor.to(device).contiguous()
         comm.broadcast(carrier, root=donor)
+        if ctx.rank == donor:
+            continue
         # In the donor's strides: a fused optimizer wants its state laid out as the parameters are
         # (channels_last, say). On this rank's GPU: the donor's "cuda:0" need not be this rank's.
         here = torch.device("cpu") if torch.device(slot.device).type == "cpu" else device

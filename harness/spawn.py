@@ -11,7 +11,8 @@ reports its death.
 A healing CPU group keeps a **warm spare**: a child started ahead under an identity of its own
 ("spare:N"), which imports the preloads (torch, mostly: seconds on a busy machine) and waits to be
 told which rank it is. When a rank dies the spare takes its place at once and a new spare starts
-in the background. Only local CPU groups keep one: they are the groups that heal in place.
+in the background. Only local CPU groups keep one so far: a GPU group's replacement, and a remote
+group's, is a fresh worker.
 """
 from __future__ import annotations
 

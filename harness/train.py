@@ -24,6 +24,7 @@ import torch
 
 from . import timeline
 from .checkpoint import load_checkpoint, rng_state, set_rng_state
+from .comm import ncclstop
 from .flat import FlatParameters
 from .heal import Ticket, Where, hand_over, rejoin, rewind
 from .interrupt import StopVote
@@ -212,14 +213,15 @@ def train_worker(ctx: Any, config: dict) -> dict:
     def attach(start: bool) -> tuple[Synchroniser, StopVote, Any]:
         """What keeps this rank in step through ``comm``: the synchroniser (``start``: first making every
         replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator;
-        GPU workers that heal guard each update with a ticket, harness/heal.py)."""
+        GPU workers that heal guard each update with a ticket, harness/heal.py, and graph their step only
+        where NCCL can revoke a communicator, harness/comm/ncclstop.py)."""
         sync = make_synchroniser(config, comm, flat, optimizer)
         if start:
             sync.start()
         ticket = Ticket(comm, optimizer, step) if config["heal"] and device.type == "cuda" else None
+        graph = config["cuda_graph"] if not scheduled and (ticket is None or ncclstop.can_revoke()) else False
         return sync, StopVote(ctx, comm, device), make_step(
-            forward, optimizer, flat, sync, loss_fn, lambda: autocast(config, device),
-            False if scheduled else config["cuda_graph"], example=example,
+            forward, optimizer, flat, sync, loss_fn, lambda: autocast(config, device), graph, example=example,
             say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
             accum=config["grad_accum"], ticket=ticket)
 

@@ -29,14 +29,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from netns_hosts import Hosts, why_not  # noqa: E402
 RUN_TIMEOUT = 300
 
 
-def first_step(comm=None) -> None:
-    """Build the model, wrap it, take one step. Without ``comm``: DDP under torchrun."""
+def first_step(comm: Any = None) -> None:
+    """Build the model, wrap it (both wrappers first make every replica rank 0's), take one step.
+    Without ``comm`` (a harness communicator): DDP under torchrun."""
     import torch
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
@@ -60,10 +64,13 @@ def first_step(comm=None) -> None:
     from harness.step import TrainStep
     from harness.sync import BucketedGradientAveraging
     flat = FlatParameters(model)
-    TrainStep(model, optimizer, flat, BucketedGradientAveraging(comm, flat), loss_fn, contextlib.nullcontext)(x, y)
+    sync = BucketedGradientAveraging(comm, flat)
+    sync.start()
+    TrainStep(model, optimizer, flat, sync, loss_fn, contextlib.nullcontext)(x, y)
 
 
-def harness_first_step(ctx) -> float:
+def harness_first_step(ctx: Any) -> float:
+    """Runs in each harness worker: the step, and when it ended."""
     first_step(ctx.communicator())
     return time.time()
 
@@ -78,13 +85,14 @@ def run_harness(hosts: str) -> None:
 
 
 def stamp(out: str, what: str) -> float:
+    """When rank 0's first step ended, as ``what`` printed it."""
     stamps = [float(line.split()[1]) for line in out.splitlines() if line.startswith("FIRST_STEP ")]
     if not stamps:
         raise RuntimeError(f"{what} printed no first step:\n{out[-3000:]}")
     return stamps[0]
 
 
-def time_harness(made, per_host: int) -> float:
+def time_harness(made: Hosts, per_host: int) -> float:
     hosts = ",".join(f"{address}:{per_host}" for address in made.addresses)
     start = time.time()
     out = subprocess.run([sys.executable, __file__, "--first-step-run", "harness", "--host-list", hosts],
@@ -95,7 +103,7 @@ def time_harness(made, per_host: int) -> float:
     return stamp(out.stdout, "the harness") - start
 
 
-def time_torchrun(made, per_host: int, port: int) -> float:
+def time_torchrun(made: Hosts, per_host: int, port: int) -> float:
     nodes = len(made.addresses)
     ssh = made.ssh.split()
     commands = []
@@ -109,7 +117,12 @@ def time_torchrun(made, per_host: int, port: int) -> float:
     start = time.time()
     runs = [subprocess.Popen([*ssh, "-T", address, command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for address, command in zip(made.addresses, commands)]
-    outputs = [run.communicate(timeout=RUN_TIMEOUT) for run in runs]
+    try:
+        outputs = [run.communicate(timeout=RUN_TIMEOUT) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
     failed = [(i, run.returncode, err) for i, (run, (_, err)) in enumerate(zip(runs, outputs)) if run.returncode]
     if failed:
         raise RuntimeError(f"torchrun failed on host {failed[0][0]} ({failed[0][1]}):\n{failed[0][2][-3000:]}")
@@ -130,8 +143,6 @@ def main() -> None:
     if args.first_step_run == "ddp":
         return first_step()
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from netns_hosts import Hosts, why_not
     reason = why_not()
     if reason:
         sys.exit(f"bench_hosts.py: cannot make hosts as network namespaces here: {reason}")

@@ -239,7 +239,7 @@ def main() -> None:
     p.add_argument("--save-every-steps", type=int, default=50)
     p.add_argument("--signals", default="SIGKILL,SIGSTOP", help="the signals to send, chosen at random")
     p.add_argument("--heal", choices=("on", "off"), default="on",
-                   help="on: heal in place (CPU workers); off: restart every worker from the last checkpoint")
+                   help="on: heal in place; off: restart every worker from the last checkpoint")
     p.add_argument("--out", default=None, help="append the JSON rows to this file (and each run's stderr to "
                                                "OUT.soak-N.stderr)")
     args = p.parse_args()

@@ -1,4 +1,4 @@
-"""Healing in place (--max-restarts with --heal on, the default for CPU workers): a worker that dies
+"""Healing in place (--max-restarts, with --heal on, the default): a worker that dies
 or hangs is replaced, the survivors hand it their state, only the interrupted update is redone, and
 the run ends exactly where an uninterrupted one does. Real processes, real signals; and the API
 underneath (Children.replace, ctx.await_heal through harness.heal.rejoin) used directly."""

@@ -57,12 +57,20 @@ def comm_pointer(comm: Any) -> int | None:
     return None
 
 
+def can_revoke() -> bool:
+    """Whether the NCCL this process loaded has ``ncclCommRevoke``. Without it a stopped communicator is
+    freed at once (cupy's abort), under any CUDA graph that captured it: freeing that graph afterwards
+    touches freed memory, so a GPU worker that heals then runs its step eagerly (harness/train.py)."""
+    lib = library()
+    return lib is not None and version(lib) >= REVOKE_SINCE and hasattr(lib, "ncclCommRevoke")
+
+
 def revoke(comm: Any) -> bool:
     """Revoke cupy communicator ``comm`` without the GIL (destroy it once the device has drained).
     False where this NCCL or this cupy does not allow it: the caller aborts through cupy instead."""
-    lib = library()
-    if lib is None or version(lib) < REVOKE_SINCE or not hasattr(lib, "ncclCommRevoke"):
+    if not can_revoke():
         return False
+    lib = library()
     pointer = comm_pointer(comm)
     if pointer is None:
         return False
