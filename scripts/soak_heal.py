@@ -9,9 +9,8 @@ overloaded machine keeps from its heartbeats past the timeout is a failure too, 
 others; ``causes`` lists every failure): by default a CPU (gloo) job on a linear model slowed down to
 20 ms a step; with --gpus, GPU workers (NCCL) on what --train-flags says (model, data, batch).
 Failures are healed in place, or with --heal off every worker restarts from the last checkpoint
-(--save-every-steps). Whenever training has
-gone on after the last heal, a random worker gets SIGKILL or SIGSTOP (a hang: the parent kills it
-after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
+(--save-every-steps). Whenever training has gone on after the last heal, a random worker gets
+SIGKILL or SIGSTOP (a hang: the parent kills it after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
 parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
 recover_s_median / recover_s_max (from the signal to the workers' report that training goes on),
 steps_lost_max, max_abs_diff_vs_uninterrupted (parameters and buffers, BatchNorm's running

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import harness_children
+from conftest import harness_children, wait_gone
 from harness import ChildFailed, Parent
 from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from netns_hosts import Hosts, why_no_slurm, why_not
@@ -123,9 +123,7 @@ def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_
     assert f"on host {hosts.addresses[1]}" in str(failed.value) and "no heartbeat" in str(failed.value)
     print(f"host cut off: ChildFailed after {noticed:.1f} s (heartbeat timeout 5 s)")
     # The survivors' children ended with their ssh sessions; the cut-off host's, when the parent fell silent.
-    deadline = time.monotonic() + 15
-    while children_on(hosts) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_gone(children_on(hosts), 15.0)
     assert children_on(hosts) == []
 
 
@@ -160,9 +158,7 @@ def test_a_worker_killed_under_slurm_fails_the_job_naming_its_node_and_leaves_no
     assert job.wait(60) == 1
     output = job.output.read_text()
     assert "child 1 on host node1 exited" in output, output
-    deadline = time.monotonic() + 15
-    while children_on(hosts) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_gone(children_on(hosts), 15.0)
     assert children_on(hosts) == []
 
 
