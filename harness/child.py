@@ -249,6 +249,7 @@ class Context:
         if self._stall_dump:     # re-armed each tick: fires only if this thread stalls that long
             faulthandler.dump_traceback_later(self._stall_dump)
         if os.getppid() != self._parent_pid:
+            _remove_socket_directory(self._endpoint)
             os._exit(1)   # the parent is gone: nobody will ever stop us, and our GPU must be freed
         now = time.monotonic()
         if now - self._heard > self._parent_timeout:
@@ -330,6 +331,20 @@ def _connect(ctx: Context, endpoint: str, key: bytes):
 def _record_signal(signum: int, _frame: Any) -> None:
     global _interrupted
     _interrupted = signum
+
+
+def _remove_socket_directory(endpoint: str) -> None:
+    """A parent that was killed could not remove its private socket directory; its children do.
+    Each removes the socket it was given, and the directory once empty (the last one out)."""
+    if not endpoint.startswith("ipc://"):
+        return
+    path = endpoint[len("ipc://"):]
+    for remove in (os.unlink, os.rmdir):
+        try:
+            remove(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)
 
 
 def _exit_because(reason: str) -> None:

@@ -93,17 +93,19 @@ def test_children_exit_when_the_parent_is_killed(tmp_path):
         parent = Parent()
         kids = parent.fork(2)
         kids.exec(lambda ctx: ctx.yield_())
-        print(*kids.pids, flush=True)
+        print(parent._dir, *kids.pids, flush=True)
         time.sleep(600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        directory, *pids = proc.stdout.readline().split()
+        pids = [int(p) for p in pids]
+        assert len(pids) == 2 and all(alive(p) for p in pids) and os.path.isdir(directory)
         proc.kill()
         proc.wait()
         assert wait_gone(pids, 10) == []
+        assert not os.path.exists(directory)      # the children removed the dead parent's sockets
     finally:
         proc.kill()
 
