@@ -11,7 +11,7 @@ The child then serves: it waits for ``exec`` messages, runs each shipped functio
 Messages, parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
 ("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
 to remote children also ("heartbeat", None, None) and ("signal", None, signum); to a warm spare
-("assume", None, {"rank", "generation"}), which makes it the replacement of that rank.
+("assume", None, {"rank", "generation", "gpu"}), which makes it the replacement of that rank.
 Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,
 ("heartbeat", None, None), ("print", id, text),
 ("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
@@ -106,9 +106,12 @@ class Context:
 
     @property
     def device(self):
-        """``cuda:0`` for a GPU child (it sees only its own GPU), ``cpu`` otherwise."""
+        """This child's GPU (``cuda:0``: it sees only its own; a warm spare that took a rank's place sees
+        its group's GPUs), or ``cpu``."""
         import torch
-        return torch.device("cuda", 0) if self.gpu is not None else torch.device("cpu")
+        if self.gpu is None:
+            return torch.device("cpu")
+        return torch.device("cuda", os.environ["CUDA_VISIBLE_DEVICES"].split(",").index(self.gpu))
 
     def yield_(self, value: Any = None) -> Any:
         """Hand ``value`` to the parent and block until it joins; returns the join message."""
@@ -214,7 +217,7 @@ class Context:
         if kind == "signal":
             _record_signal(payload, None)
         elif kind == "assume":      # a spare becomes a dead rank's replacement; its exec follows
-            self.rank, self.generation = payload["rank"], payload["generation"]
+            self.rank, self.generation, self.gpu = payload["rank"], payload["generation"], payload["gpu"] or None
             self.replacing = {"generation": self.generation, "replaced": self.rank}
             os.environ["HARNESS_RANK"] = str(self.rank)
         elif kind == "exchange":

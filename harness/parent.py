@@ -107,7 +107,7 @@ class Children:
         self._stopping = False
         self._link = Link(socket, key, self._dispatch, self._housekeeping)
         self._starter = Starter(self._launcher, self._hosts, environments, keep_spare=heal and not
-                                self._launcher.remote and all(not e.get("HARNESS_GPU") for e in environments))
+                                self._launcher.remote)
         self._children: list[ChildProcess] = self._starter.start_group()
         self._link.start()
         self._await_connections()
@@ -205,7 +205,8 @@ class Children:
         self._generation += 1
         child = self._starter.take_spare(rank)
         if child is not None:
-            self._send_if_alive(child, ("assume", None, {"rank": rank, "generation": self._generation}))
+            self._send_if_alive(child, ("assume", None, {"rank": rank, "generation": self._generation,
+                                                         "gpu": self._starter.gpu_of(rank)}))
         else:
             child = self._starter.start(rank, self._generation)
         child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read

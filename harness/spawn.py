@@ -8,11 +8,13 @@ key to reach the parent, its rank, its GPU, the parent's ``sys.path``. Its stder
 thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept for the error that
 reports its death.
 
-A healing CPU group keeps a **warm spare**: a child started ahead under an identity of its own
-("spare:N"), which imports the preloads (torch, mostly: seconds on a busy machine) and waits to be
-told which rank it is. When a rank dies the spare takes its place at once and a new spare starts
-in the background. Only local CPU groups keep one so far: a GPU group's replacement, and a remote
-group's, is a fresh worker.
+A healing group on this machine keeps a **warm spare**: a child started ahead under an identity of
+its own ("spare:N"), which imports the preloads (torch, mostly: seconds on a busy machine) and waits
+to be told which rank it is. When a rank dies the spare takes its place at once and a new spare
+starts in the background. A GPU group's spare sees every GPU of the group and touches none until it
+is told which rank, and so which GPU, is its own (CUDA makes a context only on the device used), so
+one spare serves whichever rank dies. Remote groups keep none (a spare would have to wait on the
+dead rank's host).
 """
 from __future__ import annotations
 
@@ -123,8 +125,8 @@ class Starter:
                             self._hosts[rank] if self._launcher.remote else None)
 
     def take_spare(self, rank: int) -> ChildProcess | None:
-        """The spare, renamed ``rank``, if it is ready (the caller tells it so: an "assume" message);
-        a new spare starts meanwhile. None if there is no ready spare."""
+        """The spare, renamed ``rank``, if it is ready (the caller tells it so: an "assume" message with
+        ``gpu_of(rank)``); a new spare starts meanwhile. None if there is no ready spare."""
         spare = self.spare
         if spare is None or not spare.ready or spare.process.poll() is not None:
             return None
@@ -132,8 +134,16 @@ class Starter:
         self.spare = self._start_spare()
         return spare
 
+    def gpu_of(self, rank: int) -> str:
+        """``rank``'s GPU as its environment names it ("" for a CPU child)."""
+        return self._environments[rank]["HARNESS_GPU"]
+
     def _start_spare(self) -> ChildProcess:
-        """A child with rank 0's environment under an identity of its own."""
+        """A child with rank 0's environment, but every GPU of the group, under an identity of its own."""
         identity = f"spare:{next(self._spares)}"
-        process = self._launcher.start(self._hosts[0], {**self._environments[0], "HARNESS_IDENTITY": identity})
+        env = {**self._environments[0], "HARNESS_IDENTITY": identity}
+        gpus = list(dict.fromkeys(e["HARNESS_GPU"] for e in self._environments if e["HARNESS_GPU"]))
+        if gpus:
+            env.update({"CUDA_VISIBLE_DEVICES": ",".join(gpus), "HARNESS_GPU": ""})
+        process = self._launcher.start(self._hosts[0], env)
         return ChildProcess(-1, process, identity.encode())

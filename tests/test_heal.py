@@ -8,6 +8,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -16,9 +18,11 @@ import torch
 from conftest import descendants, kill_quietly
 import Train
 from harness import ChildFailed, Parent
+from harness.child import Context
 from harness.heal import Where, rewind
 from harness.checkpoint import load_checkpoint
 from harness.metrics import read_metrics
+from harness.spawn import Starter
 from scripts.soak_heal import soak
 from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
 from test_recovery import workers_of
@@ -184,6 +188,30 @@ def test_the_api_replaces_a_dead_child_and_the_survivors_go_on_with_it():
         results = kids.wait()
     assert [r[0] for r in results] == [150, 150, 150]
     assert [r[1:] for r in results] == [(1, 1), (0, 1), (1, 1)]     # the replacement joined in generation 1
+
+
+def test_a_gpu_groups_spare_sees_the_groups_gpus_and_takes_the_dead_ranks_own(monkeypatch):
+    """A GPU group's warm spare starts with every GPU of the group visible and none its own; told to
+    assume rank 1, it works on rank 1's GPU, by that GPU's index among those it sees."""
+    started = []
+
+    class Launcher:
+        remote = False
+
+        def start(self, host, env):
+            started.append(env)
+            return subprocess.Popen([sys.executable, "-c", ""], stderr=subprocess.PIPE)
+
+    environments = [{"HARNESS_GPU": gpu, "CUDA_VISIBLE_DEVICES": gpu} for gpu in ("3", "5")]
+    Starter(Launcher(), ["localhost"] * 2, environments, keep_spare=True).start_group()
+    spare = started[-1]
+    assert (spare["HARNESS_IDENTITY"], spare["CUDA_VISIBLE_DEVICES"], spare["HARNESS_GPU"]) == ("spare:0", "3,5", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spare["CUDA_VISIBLE_DEVICES"])
+    monkeypatch.setenv("HARNESS_RANK", "0")
+    ctx = Context(0, 2, None, lambda c: None)
+    assert ctx.device == torch.device("cpu")
+    ctx.dispatch(None, ("assume", None, {"rank": 1, "generation": 1, "gpu": "5"}))
+    assert (ctx.rank, ctx.generation, ctx.gpu, ctx.device) == (1, 1, "5", torch.device("cuda", 1))
 
 
 def test_replace_needs_a_group_forked_to_heal():

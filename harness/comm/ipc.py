@@ -15,6 +15,7 @@ time of the call: without it, a peer could wait on the previous round's record a
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import tempfile
@@ -105,7 +106,7 @@ class CudaIpcMemory:
         from .nccl import _current_raw_stream, _nccl
         _nccl()                            # CuPy missing: the same install hint as for NCCL
         from cupy.cuda import runtime
-        self._rt, self._stream = runtime, _current_raw_stream
+        self._rt, self._stream = runtime, functools.partial(_current_raw_stream, torch.cuda.current_device())
         self._own = torch.cuda.Stream()
         self._pointers: dict[int, tuple[int, bool]] = {}     # id(tensor) -> (pointer, owned)
 

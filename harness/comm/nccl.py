@@ -25,12 +25,13 @@ from .base import Communicator, Work
 
 # The current stream's cudaStream_t. torch.cuda.current_stream() builds a Python Stream object
 # each call (microseconds, on a path whose budget is ~20 us); reading the raw handle does not.
+# Of the communicator's own device: a warm spare that took a rank's place sees several GPUs.
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):
-    def _current_raw_stream() -> int:
-        return torch._C._cuda_getCurrentRawStream(0)
+    def _current_raw_stream(device: int) -> int:
+        return torch._C._cuda_getCurrentRawStream(device)
 else:                                                        # older or CPU-only builds
-    def _current_raw_stream() -> int:
-        return torch.cuda.current_stream().cuda_stream
+    def _current_raw_stream(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
 
 
 def _nccl():
@@ -56,6 +57,7 @@ class NcclCommunicator(Communicator):
                         torch.float64: 8, torch.bfloat16: 9}
         self._ops = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
         torch.cuda.set_device(ctx.device)
+        self._device = ctx.device.index
         uid = ctx.exchange(ctx.unique_tag("nccl-id"), nccl.get_unique_id() if self.rank == 0 else None)[0]
         self._comm = nccl.NcclCommunicator(self.size, uid, self.rank)
         self._stream = stream
@@ -67,7 +69,7 @@ class NcclCommunicator(Communicator):
     def _finish(self, pending: tuple[Callable[[], None], tuple[torch.Tensor, ...]], async_op: bool) -> Work | None:
         launch, tensors = pending
         if not async_op:
-            self._now = self._stream.cuda_stream if self._stream is not None else _current_raw_stream()
+            self._now = self._stream.cuda_stream if self._stream is not None else _current_raw_stream(self._device)
             launch()
             return None
         if self._side is None:
