@@ -71,10 +71,11 @@ class Ticket:
 
     def __init__(self, comm: Any, optimizer: torch.optim.Optimizer, step: int):
         self._comm = comm
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = optimizer.param_groups[0]["params"][0].device
         self._attempt = torch.zeros(1, dtype=torch.int64, device=device)      # the same on every rank
         self._ticket = torch.zeros(1, dtype=torch.int64, device=device)
-        self._skip = torch.zeros(1, dtype=torch.float32, device=device)
+        # 0-d, as GradScaler's: Adam's fused step subtracts it from each (0-d) step count.
+        self._skip = torch.zeros((), dtype=torch.float32, device=device)
         self.count = torch.full((1,), step, dtype=torch.int64, device=device)   # updates applied
         optimizer.found_inf = self._skip
 
@@ -83,7 +84,7 @@ class Ticket:
         self._ticket.copy_(self._attempt)
         self._comm.all_reduce(self._ticket)
         complete = self._ticket == self._attempt * self._comm.size
-        self._skip.copy_(~complete)
+        self._skip.copy_(~complete[0])
         self.count.add_(complete)
 
     def applied(self) -> int:

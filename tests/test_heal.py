@@ -19,7 +19,8 @@ from conftest import descendants, kill_quietly
 import Train
 from harness import ChildFailed, Parent
 from harness.child import Context
-from harness.heal import Where, rewind
+from harness.heal import Ticket, Where, rewind
+from harness.optim import FUSED, build_optimizer
 from harness.checkpoint import load_checkpoint
 from harness.metrics import read_metrics
 from harness.spawn import Starter
@@ -239,6 +240,34 @@ def test_a_gpu_rank_that_went_ahead_of_its_applied_updates_is_moved_back_across_
     assert rewind(Where(3, 50, 2, 0.5, 1), applied=45, steps_per_epoch=16) == Where(2, 45, 13, 0.5, 1)
     assert rewind(Where(3, 50, 2, 0.5, 1), applied=50, steps_per_epoch=16) == Where(3, 50, 2, 0.5, 1)
     assert rewind(Where(3, 48, 16, 0.5, 1), applied=47, steps_per_epoch=16) == Where(3, 47, 15, 0.5, 1)
+
+
+class _TwoRanks:
+    """A communicator of two ranks in which the other rank completed the update, or did not."""
+    size = 2
+
+    def __init__(self, other_completed: bool):
+        self.other_completed = other_completed
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        tensor.mul_(2) if self.other_completed else tensor.add_(0)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_a_ticket_lets_every_fused_optimizer_apply_an_update_only_where_every_rank_completed_it(name):
+    model = torch.nn.Linear(3, 2)
+    optimizer = build_optimizer(name, model.parameters(), lr=0.1, impl="fused")
+    ticket = Ticket(_TwoRanks(other_completed=True), optimizer, step=5)
+    for other_completed, changes in ((True, True), (False, False), (True, True)):
+        ticket._comm.other_completed = other_completed
+        before = [p.detach().clone() for p in model.parameters()]
+        model(torch.ones(4, 3)).sum().backward()
+        ticket.punch()
+        optimizer.step()
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())) is changes
+    assert ticket.applied() == 7
+    steps = [state["step"] for state in optimizer.state.values() if "step" in state]
+    assert all(int(step) == 2 for step in steps)       # the skipped update did not count either
 
 
 @pytest.mark.parametrize("flags, limit", [([], None), (["--no-cuda-graph"], None), (["--mode", "param"], "--mode param"),
