@@ -219,6 +219,7 @@ class Context:
         elif kind == "assume":      # a spare becomes a dead rank's replacement; its exec follows
             self.rank, self.generation, self.gpu = payload["rank"], payload["generation"], payload["gpu"] or None
             self.replacing = {"generation": self.generation, "replaced": self.rank}
+            timeline.mark(self.marks, "assumed")
             os.environ["HARNESS_RANK"] = str(self.rank)
         elif kind == "exchange":
             self._exchanges[ident] = payload

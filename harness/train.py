@@ -225,25 +225,29 @@ def train_worker(ctx: Any, config: dict) -> dict:
             say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
             accum=config["grad_accum"], ticket=ticket)
 
-    def heal(where: Where | None) -> None:
+    def heal(where: Where | None, phases: dict) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the
-        donor's state and place, and go on from there. ``where`` is None on the replacement itself."""
+        donor's state and place, and go on from there. ``where`` is None on the replacement itself.
+        ``phases``: when this rank reached each phase of the heal; the lead reports every rank's."""
         nonlocal epoch, step, position, best_error, stale, sync, vote, train_step, stream, saved_at
         began = time.monotonic()
         place, summary = hand_over(ctx, comm, flat, optimizer, where, average=config["mode"] == "param")
+        timeline.mark(phases, "handed_over")
         epoch, step, position = place.epoch, place.step, place.position
         best_error, stale = place.best_error, place.stale
         if position == batches.steps_per_epoch:
             epoch, position = epoch + 1, 0
         sync, vote, train_step = attach(start=False)
+        timeline.mark(phases, "attached")
         stream, saved_at = None, step
         reseed(epoch, step)
+        every = ctx.exchange("heal-phases", phases)
         if lead:
             ctx.send({"event": "healed", "step": step, "epoch": epoch, "generation": ctx.generation,
-                      "hand_over_s": time.monotonic() - began, "mode": config["mode"], **summary})
+                      "hand_over_s": time.monotonic() - began, "mode": config["mode"], "phases": every, **summary})
 
     if replacing:
-        heal(None)
+        heal(None, marks)
     else:
         sync, vote, train_step = attach(start=True)
 
@@ -306,8 +310,10 @@ def train_worker(ctx: Any, config: dict) -> dict:
         except RuntimeError as error:     # a collective failed: a dead peer (then heal), or this rank's own error
             if not config["heal"]:
                 raise
+            phases = {"failed": time.time()}
             sync.close()
             comm = rejoin(ctx, comm, error, forget=train_step.release)
+            timeline.mark(phases, "rejoined")
             ticket, train_step, vote = train_step.ticket, None, None
             if comm is None:
                 raise
@@ -315,7 +321,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             if ticket is not None:
                 where = rewind(where, ticket.applied(), batches.steps_per_epoch)
                 ctx.print(f"queued {step - where.step} updates past the last applied one ({where.step})")
-            heal(where)
+            heal(where, phases)
 
     sync.finish()
     saver.wait()

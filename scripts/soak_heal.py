@@ -13,6 +13,8 @@ Failures are healed in place, or with --heal off every worker restarts from the 
 SIGKILL or SIGSTOP (a hang: the parent kills it after --heartbeat-timeout) at a random moment. One uninterrupted run with the same flags gives the
 parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
 recover_s_median / recover_s_max (from the signal to the workers' report that training goes on),
+heal_phases_s (for each heal, seconds from the signal to each phase: survivors' "failed" and
+"rejoined", the replacement's start-up marks, everyone's "handed_over" and "attached"),
 steps_lost_max, max_abs_diff_vs_uninterrupted (parameters and buffers, BatchNorm's running
 statistics aside), max_abs_diff_running_stats (those: they are per rank, and a replacement starts
 from the donor's; null without BatchNorm), restarts (heals that fell back to a checkpoint
@@ -155,20 +157,33 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
     # Kill to training resumed: from each signal to the first heal reported after it, or after a restart
     # to the restarted group's first update. A restart loses the updates since its checkpoint: at least
     # those between it and the last progress record before the signal.
-    recover, lost = [], [r["steps_lost"] for r in heals]
+    recover, lost, phases = [], [r["steps_lost"] for r in heals], []
     for when, _ in signalled:
         after = [r for r in found if r["event"] in ("recovered", "first_step") and r["time"] >= when]
         if after:
             recover.append(after[0]["time"] - when)
+            if after[0]["event"] == "recovered":
+                phases.append(heal_phases(after[0], when))
             if after[0]["event"] == "first_step":
                 before = [r["step"] for r in found if r["event"] == "step" and r["time"] < when]
                 lost.append(max(before, default=0) - (after[0]["step"] - 1))
     messages = [line for line in err.splitlines() if "update/s" not in line and line.strip()]
     return {"process_status": process.returncode, "stderr_tail": messages[-8:], "hung": hung,
             "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
-            "steps_lost": lost,
+            "steps_lost": lost, "phases": phases,
             "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' for r in found if r["event"] in ("recovered", "restart")],
             "restarts": sum(r["event"] == "restart" for r in found), "stderr": err}
+
+
+def heal_phases(record: dict, signalled: float) -> dict[str, float]:
+    """Seconds from the signal to each phase of a heal, as the slowest rank reached it (the phases
+    of harness/train.py's heal, and the replacement's start-up marks since the signal)."""
+    latest: dict[str, float] = {}
+    for marks in record.get("phases", []):
+        for phase, at in marks.items():
+            if at is not None and at >= signalled:
+                latest[phase] = max(latest.get(phase, 0.0), round(at - signalled, 3))
+    return dict(sorted(latest.items(), key=lambda item: item[1]))
 
 
 def max_abs_diff(state: dict, expected: dict, running_stats: bool) -> float | None:
@@ -218,6 +233,7 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                          "recover_s_median": statistics.median(recover) if recover else None,
                          "recover_s_max": max(recover) if recover else None,
                          "steps_lost_max": max(result["steps_lost"], default=None),
+                         "heal_phases_s": result["phases"],
                          "max_abs_diff_vs_uninterrupted": diff, "max_abs_diff_running_stats": stats_diff,
                          "restarts": result["restarts"],
                          "finished": finished, "exit_status": result["process_status"],
