@@ -203,12 +203,8 @@ class Children:
             self._give_up(ChildFailed(rank, f"{reason}, and could not be healed: rank {ended[0]}'s function had "
                                             f"already ended", old.stderr_tail))
         self._generation += 1
-        child = self._starter.take_spare(rank)
-        if child is not None:
-            self._send_if_alive(child, ("assume", None, {"rank": rank, "generation": self._generation,
-                                                         "gpu": self._starter.gpu_of(rank)}))
-        else:
-            child = self._starter.start(rank, self._generation)
+        spare = self._starter.take_spare(rank)
+        child = spare or self._starter.start(rank, self._generation)
         child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
         self._children[rank] = child
         self._failure, self._first_error = None, None
@@ -217,6 +213,9 @@ class Children:
         if self._link.wait_for(lambda: self._check() or (child.connected or None), deadline) is None:
             self._give_up(ChildFailed(rank, f"was replaced, but the new child did not connect within "
                                             f"{START_TIMEOUT:.0f} s", child.stderr_tail, child.host))
+        if spare is not None:
+            self._send_if_alive(child, ("assume", None, {"rank": rank, "generation": self._generation,
+                                                         "gpu": self._starter.gpu_of(rank)}))
         if self._exec_id:       # running on every survivor (checked above): the replacement joins it
             self._send_if_alive(child, ("exec", self._exec_id, self._call))
             notice = {"generation": self._generation, "replaced": rank}

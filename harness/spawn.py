@@ -125,10 +125,11 @@ class Starter:
                             self._hosts[rank] if self._launcher.remote else None)
 
     def take_spare(self, rank: int) -> ChildProcess | None:
-        """The spare, renamed ``rank``, if it is ready (the caller tells it so: an "assume" message with
-        ``gpu_of(rank)``); a new spare starts meanwhile. None if there is no ready spare."""
+        """The spare, renamed ``rank`` (the caller tells it so, once it is connected: an "assume" message
+        with ``gpu_of(rank)``); a new spare starts meanwhile. A spare still importing is taken too: it
+        started before any new process could, so it is ready sooner. None if there is no live spare."""
         spare = self.spare
-        if spare is None or not spare.ready or spare.process.poll() is not None:
+        if spare is None or spare.process.poll() is not None:
             return None
         spare.rank = rank
         self.spare = self._start_spare()
