@@ -18,8 +18,12 @@ the run was resumed, for any Dataset that draws from ``random``, numpy or torch.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import random
+import signal
+import sys
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -27,6 +31,8 @@ import torch
 
 from .checkout.datasets import Split
 from .checkout.datasets.sharding import epoch_seed, shard_indices
+
+PR_SET_PDEATHSIG = 1        # linux/prctl.h: a signal this process gets when its parent dies
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 GOLDEN = 0x9E3779B97F4A7C15          # spreads consecutive indices over the seed space
@@ -157,7 +163,17 @@ def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -
     return torch.utils.data.DataLoader(dataset, num_workers=workers, pin_memory=device.type == "cuda",
                                        persistent_workers=workers > 0 and "batch_sampler" in batching,
                                        prefetch_factor=4 if workers else None, generator=torch.Generator(),
-                                       **batching)
+                                       worker_init_fn=functools.partial(_end_with, os.getpid()), **batching)
+
+
+def _end_with(trainer: int, worker_id: int) -> None:
+    """A loader process ends with the training process ``trainer`` that started it: one killed
+    outright (a dead rank, SIGKILL) would otherwise leave its loaders running until their watchdog
+    looks, seconds later, and ``Train.py`` would end with processes of the run still alive."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != trainer:        # it died before prctl took effect
+        os._exit(0)
 
 
 def to_device(batches: Iterable[Any], device: torch.device, dataset: Any) -> Iterator[Batch]:

@@ -1,10 +1,16 @@
 """Streamed datasets and the input pipeline, in this process: image folders, token files, factories."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
 
+from conftest import descendants, wait_gone
 from data_files import make_token_files
 from harness.checkout.datasets import DataError, check_data, open_data
 from harness.checkout.datasets.imagefolder import random_resized_crop
@@ -202,3 +208,36 @@ def test_uint8_token_ids_stay_ids_on_the_way_to_the_device():
     ids = torch.tensor([[0, 7, 255, 3]], dtype=torch.uint8)
     (x, _), = to_device([(ids, ids)], torch.device("cpu"), dataset)
     assert torch.equal(x, ids)
+
+
+def test_loader_processes_end_with_a_training_process_killed_outright(tmp_path):
+    """A dead rank's idle loader processes must not outlive it (their own watchdog looks every 5 s)."""
+    script = textwrap.dedent("""
+        import time, torch
+        from harness.checkout.datasets import DataInfo
+        from harness.pipeline import evaluation_batches
+
+        class Quick(torch.utils.data.Dataset):
+            info = DataInfo("vector", (2,), 2)
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                return torch.zeros(2), 0
+
+        batches = evaluation_batches(Quick(), 0, 1, 4, torch.device("cpu"), workers=2)
+        next(batches)
+        time.sleep(1.0)                       # the loaders have filled their prefetch and idle
+        print("loading", flush=True)
+        time.sleep(600)
+    """)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert trainer.stdout.readline().strip() == "loading"
+        loaders = descendants(trainer.pid)
+        assert len(loaders) == 2
+        trainer.kill()
+        trainer.wait()
+        assert wait_gone(loaders, 1.5) == []
+    finally:
+        trainer.kill()
