@@ -105,3 +105,32 @@ def test_torch_distributed_can_be_joined_through_the_control_plane(pair):
 
     pair.exec(work)
     assert pair.wait() == [[3.0] * 3] * 2
+
+
+def test_an_aborted_gloo_group_shuts_down_its_own_sockets_and_never_a_reused_descriptor():
+    """gloo's abort shuts down the connections its process group opened, which it knows by descriptor
+    and inode: a number that was closed and reused meanwhile names someone else's socket."""
+    import socket
+    from harness.comm.gloo import _opened, _shut_down, _sockets
+
+    ours, peer = socket.socketpair(socket.AF_UNIX)
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        before = _sockets()
+        gloo_side = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        opened = _opened(before, _sockets())
+        assert gloo_side.fileno() in opened and ours.fileno() not in opened
+        number = gloo_side.fileno()
+        gloo_side.close()
+        reused = socket.create_connection(listener.getsockname())     # the lowest free number: the same
+        other_end, _ = listener.accept()
+        assert reused.fileno() == number and _opened(before, _sockets())[number] != opened[number]
+        _shut_down(opened)
+        reused.sendall(b"alive")                  # not shut down: it is not the socket that was noted
+        assert other_end.recv(5) == b"alive"
+        _shut_down(_opened(before, _sockets()))
+        assert other_end.recv(5) == b""           # this one is: its end sees the connection close
+    finally:
+        for s in (ours, peer, listener, accepted, reused, other_end):
+            s.close()

@@ -49,7 +49,7 @@ class GlooCommunicator(Communicator):
         options._timeout = delta
         before = _sockets()
         self._pg = ProcessGroupGloo(self._store, self.rank, self.size, options)
-        self._connections = _sockets() - before
+        self._connections = _opened(before, _sockets())
         self._in_flight = 0
         self._remove_hook = ctx.on_abort(self.abort)
 
@@ -123,21 +123,33 @@ class GlooCommunicator(Communicator):
         self._store = None
 
 
-def _sockets() -> set[int]:
-    """This process's open socket descriptors (none where there is no /proc)."""
-    found = set()
+def _sockets() -> dict[int, int]:
+    """This process's open sockets, descriptor -> inode (none where there is no /proc)."""
+    found = {}
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
-                if stat.S_ISSOCK(os.stat(f"/proc/self/fd/{name}").st_mode):
-                    found.add(int(name))
+                status = os.stat(f"/proc/self/fd/{name}")
+                if stat.S_ISSOCK(status.st_mode):
+                    found[int(name)] = status.st_ino
     return found
 
 
-def _shut_down(descriptors: set[int]) -> None:
-    """Shut down the TCP connections among ``descriptors``; both ends' blocked reads then fail."""
-    for fd in descriptors:
+def _opened(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """The sockets in ``after`` that were not in ``before``. By inode, not by number: a socket that
+    another thread closed meanwhile (a previous process group, collected) frees its number for a
+    new one."""
+    return {fd: inode for fd, inode in after.items() if before.get(fd) != inode}
+
+
+def _shut_down(sockets: dict[int, int]) -> None:
+    """Shut down the TCP connections among ``sockets`` (descriptor -> inode); both ends' blocked reads
+    then fail. A descriptor now naming another socket (its own was closed, the number reused) is
+    left alone: it may be anyone's, the control plane's included."""
+    for fd, inode in sockets.items():
         with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino != inode:
+                continue
             with socket.socket(fileno=os.dup(fd)) as connection:
                 if connection.family in (socket.AF_INET, socket.AF_INET6):
                     connection.shutdown(socket.SHUT_RDWR)
