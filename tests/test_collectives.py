@@ -1,5 +1,7 @@
 """Collectives on CPU children (gloo): the full matrix, bad input, and a peer dying mid-collective."""
+import contextlib
 import os
+import socket
 import time
 
 import numpy as np
@@ -110,27 +112,24 @@ def test_torch_distributed_can_be_joined_through_the_control_plane(pair):
 def test_an_aborted_gloo_group_shuts_down_its_own_sockets_and_never_a_reused_descriptor():
     """gloo's abort shuts down the connections its process group opened, which it knows by descriptor
     and inode: a number that was closed and reused meanwhile names someone else's socket."""
-    import socket
     from harness.comm.gloo import _opened, _shut_down, _sockets
 
-    ours, peer = socket.socketpair(socket.AF_UNIX)
-    listener = socket.create_server(("127.0.0.1", 0))
-    try:
+    with contextlib.ExitStack() as sockets:
+        keep = sockets.enter_context
+        ours, _ = (keep(s) for s in socket.socketpair(socket.AF_UNIX))
+        listener = keep(socket.create_server(("127.0.0.1", 0)))
         before = _sockets()
         gloo_side = socket.create_connection(listener.getsockname())
-        accepted, _ = listener.accept()
+        keep(listener.accept()[0])
         opened = _opened(before, _sockets())
         assert gloo_side.fileno() in opened and ours.fileno() not in opened
         number = gloo_side.fileno()
         gloo_side.close()
-        reused = socket.create_connection(listener.getsockname())     # the lowest free number: the same
-        other_end, _ = listener.accept()
+        reused = keep(socket.create_connection(listener.getsockname()))   # the lowest free number: the same
+        other_end = keep(listener.accept()[0])
         assert reused.fileno() == number and _opened(before, _sockets())[number] != opened[number]
         _shut_down(opened)
         reused.sendall(b"alive")                  # not shut down: it is not the socket that was noted
         assert other_end.recv(5) == b"alive"
         _shut_down(_opened(before, _sockets()))
         assert other_end.recv(5) == b""           # this one is: its end sees the connection close
-    finally:
-        for s in (ours, peer, listener, accepted, reused, other_end):
-            s.close()
