@@ -25,7 +25,6 @@ tests/test_heal.py runs it in CI.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import random
@@ -198,12 +197,10 @@ def max_abs_diff(state: dict, expected: dict, running_stats: bool) -> float | No
 def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
          train_flags: list[str] | None = None, save_every: int = 50,
          signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None,
-         heal: str = "on", together: bool = False) -> list[dict]:
+         heal: str = "on") -> list[dict]:
     """The soak's rows, one per run (see the module's docstring). ``gpus`` ("0,1"): GPU workers on the
-    job ``train_flags`` describes, instead of the default CPU job. ``together``: the uninterrupted run
-    and every soaked one at the same time (the CPU job's steps sleep, so a small machine has room)."""
-    if together and gpus:
-        raise ValueError("together: GPU jobs would share their GPUs; soak them one after another")
+    job ``train_flags`` describes, instead of the default CPU job."""
+    rng = random.Random(seed)
     rows = []
     job = ["--gpus", gpus, *(train_flags or [])] if gpus else cpu_job(workers_n)
     model = job[job.index("--model") + 1] if gpus and "--model" in job else "soak_model (Linear 64x10 on digits)"
@@ -213,19 +210,13 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
         work = Path(tmp)
         (work / "soak_model.py").write_text(SLOW_MODEL)
         straight = start(work, flags(work, "straight", job, steps, 0, save_every, heal))
-        uninterrupted = None if together else straight.communicate(timeout=RUN_TIMEOUT)
-
-        def soaked(run: int) -> dict:
-            rng = random.Random(seed * 1000 + run)
-            return soak_run(work, f"soak-{run}", job, steps, kills, save_every, rng, sent, heal)
-        with concurrent.futures.ThreadPoolExecutor(runs if together else 1) as pool:
-            results = list(pool.map(soaked, range(runs)))
-        _, err = uninterrupted or straight.communicate(timeout=RUN_TIMEOUT)
+        _, err = straight.communicate(timeout=RUN_TIMEOUT)
         if straight.returncode != 0:
             raise RuntimeError(f"the uninterrupted run failed:\n{err}")
         expected = torch.load(work / "straight.pt", map_location="cpu", weights_only=False)["model"]
-        for run, result in enumerate(results):
+        for run in range(runs):
             name = f"soak-{run}"
+            result = soak_run(work, name, job, steps, kills, save_every, rng, sent, heal)
             if stderr_to is not None:
                 stderr_to.with_name(f"{stderr_to.name}.{name}.stderr").write_text(result["stderr"])
             saved = work / f"{name}.pt"
@@ -264,14 +255,11 @@ def main() -> None:
     p.add_argument("--signals", default="SIGKILL,SIGSTOP", help="the signals to send, chosen at random")
     p.add_argument("--heal", choices=("on", "off"), default="on",
                    help="on: heal in place; off: restart every worker from the last checkpoint")
-    p.add_argument("--together", action="store_true",
-                   help="CPU job: the uninterrupted run and every soaked one at the same time")
     p.add_argument("--out", default=None, help="append the JSON rows to this file (and each run's stderr to "
                                                "OUT.soak-N.stderr)")
     args = p.parse_args()
     rows = soak(args.runs, args.kills, args.steps, args.workers, args.seed, args.gpus, shlex.split(args.train_flags),
-                args.save_every_steps, tuple(args.signals.split(",")), Path(args.out) if args.out else None, args.heal,
-                args.together)
+                args.save_every_steps, tuple(args.signals.split(",")), Path(args.out) if args.out else None, args.heal)
     for row in rows:
         line = json.dumps(row)
         print(line)

@@ -223,8 +223,8 @@ def test_replace_needs_a_group_forked_to_heal():
 
 
 def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_left():
-    """scripts/soak_heal.py: 2 runs at once, 10 signals each (SIGKILL and SIGSTOP at random moments)."""
-    rows = soak(runs=2, kills=10, together=True)
+    """scripts/soak_heal.py: 2 runs, 10 signals each (SIGKILL and SIGSTOP at random moments)."""
+    rows = soak(runs=2, kills=10)
 
     assert sum(row["kills"] for row in rows) == 20
     assert {"SIGKILL", "SIGSTOP"} <= {s for row in rows for s in row["signals"]}
