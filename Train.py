@@ -400,7 +400,8 @@ class Progress:
                        f"step {record['redo_step']}" + (" (parameters: the survivors' average)"
                                                           if record["mode"] == "param" else ""))
         elif event == "restart":
-            tqdm.write(f"rank {record['rank']} ({record['cause']}): restarting every worker from "
+            unhealed = f"; not healed in place: {record['not_healed']}" if "not_healed" in record else ""
+            tqdm.write(f"rank {record['rank']} ({record['cause']}{unhealed}): restarting every worker from "
                        f"{record['resume'] or 'the start'} (restart {record['restart']} of {record['max_restarts']})")
         elif event == "done" and record["stop"] and not record.get("signal"):    # main() says where it stopped
             tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")

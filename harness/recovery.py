@@ -47,6 +47,7 @@ class Recovery:
         self.used = 0
         self._config, self._last_saved, self._report = config, last_saved, report
         self._healing: tuple[ChildFailed, float] | None = None     # the failure being healed, and when
+        self._unhealed: str | None = None       # why the last failure was not healed in place
 
     def run(self, attempt: Callable[[dict], T]) -> T:
         """``attempt(config)``, restarted from the last checkpoint (or the run's own starting point, when
@@ -64,20 +65,27 @@ class Recovery:
                 self.used += 1
                 resume = self._last_saved() or self._config["resume"]
                 self._report({"event": "restart", "restart": self.used, "max_restarts": self.limit,
-                              "rank": failure.rank, "cause": failure.reason, "resume": resume})
+                              "rank": failure.rank, "cause": failure.reason, "resume": resume,
+                              **({"not_healed": self._unhealed} if self._unhealed else {})})
+                self._unhealed = None
                 config = {**self._config, "resume": resume}
 
     def heal(self, kids: Children, failure: ChildFailed) -> None:
         """Replace the failed rank and let the survivors heal it; raises ``failure`` (the group
         stopped, so ``run`` restarts it) when healing is off, the budget spent, or a heal under way."""
         if not self.heals_in_place or self.used == self.limit or self._healing is not None:
+            if self.heals_in_place and self._healing is not None:
+                first, since = self._healing
+                self._unhealed = (f"it came {time.monotonic() - since:.1f} s into the heal of rank {first.rank} "
+                                  f"({first.reason})")
             kids.stop(grace=1.0)
             raise failure
         self.used += 1
         self._healing = (failure, time.monotonic())
         try:
             kids.replace(failure.rank)
-        except ChildFailed:
+        except ChildFailed as error:
+            self._unhealed = f"the replacement failed: rank {error.rank} {error.reason}"
             kids.stop(grace=1.0)
             raise
 

@@ -171,7 +171,8 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
     return {"process_status": process.returncode, "stderr_tail": messages[-8:], "hung": hung,
             "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
             "steps_lost": lost, "phases": phases,
-            "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' for r in found if r["event"] in ("recovered", "restart")],
+            "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' + (f' (not healed: {r["not_healed"]})' if "not_healed" in r else "")
+                       for r in found if r["event"] in ("recovered", "restart")],
             "restarts": sum(r["event"] == "restart" for r in found), "stderr": err}
 
 

@@ -130,6 +130,9 @@ def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tm
     assert status == 0, err
     [restart] = records_of(tmp_path, "restart")
     assert restart["restart"] == 2 and restart["resume"] == str(tmp_path / "model.pt")
+    assert re.match(r"it came [\d.]+ s into the heal of rank \d \(was killed by signal SIGKILL\)|the replacement "
+                    r"failed: rank \d was killed by signal SIGKILL", restart["not_healed"]), restart
+    assert "not healed in place" in out
     assert records_of(tmp_path, "recovered") == [] and left == []
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
 
