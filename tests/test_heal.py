@@ -152,9 +152,10 @@ def test_heals_spend_the_restart_budget_and_then_the_run_ends_with_one_clear_err
 
 
 def count_to(ctx, n: int, pause: float) -> tuple[int, int, int]:
-    """All-reduce ones n times; a rank that fails rejoins and the group agrees where to go on."""
+    """All-reduce ones n times; a rank that fails rejoins and the group agrees where to go on. Rank 0
+    sends "counting" at step 10, and again at its first step after each heal."""
     from harness.heal import rejoin
-    comm, step, heals = ctx.communicator(), 0, 0
+    comm, step, heals, announced = ctx.communicator(), 0, 0, 0
     if ctx.replacing is not None:
         step = agree(ctx, None)
     while step < n:
@@ -163,8 +164,9 @@ def count_to(ctx, n: int, pause: float) -> tuple[int, int, int]:
             comm.all_reduce(t)
             assert t.item() == ctx.world_size
             step += 1
-            if ctx.rank == 0 and step == 10 and not heals:
+            if ctx.rank == 0 and step >= 10 and announced == heals:
                 ctx.send("counting")
+                announced += 1
             time.sleep(pause)
         except RuntimeError as error:
             comm, heals = rejoin(ctx, comm, error), heals + 1
@@ -192,6 +194,32 @@ def test_the_api_replaces_a_dead_child_and_the_survivors_go_on_with_it():
         results = kids.wait()
     assert [r[0] for r in results] == [150, 150, 150]
     assert [r[1:] for r in results] == [(1, 1), (0, 1), (1, 1)]     # the replacement joined in generation 1
+
+
+def test_a_second_death_soon_after_the_first_takes_the_spare_that_is_still_importing(tmp_path, monkeypatch):
+    """The spare started at the first heal is still importing when a second child dies: it takes
+    the place all the same (it is sooner than a new process), told which rank it is once connected."""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))            # children get the parent's sys.path
+    with Parent(heartbeat_timeout=5.0) as parent:
+        kids = parent.fork(3, heal=True, preload=["slow_to_import"])
+        kids.exec(count_to, 150, 0.01)
+        assert kids[0].receive() == "counting"
+        os.kill(kids.pids[1], signal.SIGKILL)
+        with pytest.raises(ChildFailed, match="child 1 was killed"):
+            kids.wait()
+        before = set(descendants(os.getpid()))
+        kids.replace(1)
+        assert kids[0].receive() == "counting"          # healed, and counting again
+        importing = set(descendants(os.getpid())) - before      # the new spare
+        os.kill(kids.pids[2], signal.SIGKILL)
+        with pytest.raises(ChildFailed, match="child 2 was killed"):
+            kids.wait()
+        kids.replace(2)
+        assert kids.pids[2] in importing
+        results = kids.wait()
+    assert [r[0] for r in results] == [150, 150, 150]
+    assert [r[1:] for r in results] == [(2, 2), (1, 2), (0, 2)]     # heals seen by each, and the generation
 
 
 def test_a_gpu_groups_spare_sees_the_groups_gpus_and_takes_the_dead_ranks_own(monkeypatch):
