@@ -22,7 +22,9 @@ captures) and otherwise runs eagerly, saying why once; ``True`` is the same, ask
 """
 from __future__ import annotations
 
+import collections
 import functools
+import os
 from typing import Any, Callable
 
 import torch
@@ -31,6 +33,28 @@ from .flat import FlatParameters
 from .sync import Synchroniser
 
 WARMUP_STEPS = 3
+# Updates a GPU worker that heals may have queued on the device ahead of the host (harness/heal.py).
+HEAL_DEPTH = int(os.environ.get("HARNESS_HEAL_DEPTH", "2"))
+
+
+class InFlight:
+    """At most ``depth`` updates queued on the device: each call records the end of the update just
+    issued and waits for the one ``depth`` updates back. Why a healing worker bounds it: when a peer
+    dies, the driver frees its memory, and every NCCL kernel this rank starts afterwards may write into
+    it through NVLink (a sender with credits writes before it ever looks at the abort flag). A CUDA graph
+    lets the host queue replay after replay, each with its collectives, and all of them run after the
+    death; a survivor of GPT-2 died of "illegal memory access" right after its peer's SIGKILL. With two
+    in flight the device never waits for the host, which issues a replay in microseconds."""
+
+    def __init__(self, depth: int):
+        self.depth, self._ends = depth, collections.deque()
+
+    def __call__(self) -> None:
+        end = torch.cuda.Event()
+        end.record()
+        self._ends.append(end)
+        if len(self._ends) > self.depth:
+            self._ends.popleft().synchronize()      # releases the GIL: the heartbeat thread goes on
 
 
 class TrainStep:
@@ -40,10 +64,19 @@ class TrainStep:
         self.model, self.optimizer, self.flat, self.sync = model, optimizer, flat, sync
         self.loss_fn, self.autocast, self.clip, self.accum = loss_fn, autocast, clip, accum
         self.ticket = ticket        # a GPU worker that heals: the update applies only if it completed (heal.Ticket)
+        self.in_flight = InFlight(HEAL_DEPTH) if ticket is not None else None
         self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One update; returns the (detached) mean loss without synchronising the device."""
+        """One update; returns the (detached) mean loss without synchronising the device (a worker that
+        heals waits for the update ``HEAL_DEPTH`` back)."""
+        loss = self.run(x, y)
+        if self.in_flight is not None:
+            self.in_flight()
+        return loss
+
+    def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Issue one update: forward, backward, synchronisation, the optimizer's step."""
         self.flat.zero_grad()
         if self.accum == 1:
             loss = self.backward(x, y)
@@ -126,7 +159,7 @@ class GraphedTrainStep(TrainStep):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                super().__call__(self.x, self.y)
+                super().run(self.x, self.y)
         torch.cuda.current_stream().wait_stream(side)
         rewind.restore()
         if applied is not None:         # warm-up's updates were undone: not applied after all
@@ -138,9 +171,9 @@ class GraphedTrainStep(TrainStep):
         """Record one step. Nothing runs while recording, collectives included, so a rank whose
         capture fails has not fallen out of step with the others."""
         with torch.cuda.graph(self.graph):
-            self.loss = super().__call__(self.x, self.y)
+            self.loss = super().run(self.x, self.y)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.x.copy_(x, non_blocking=True)
         self.y.copy_(y, non_blocking=True)
         self.sync.comm.check_alive()        # the graph holds the communicator's collectives

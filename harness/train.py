@@ -225,10 +225,11 @@ def train_worker(ctx: Any, config: dict) -> dict:
             say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
             accum=config["grad_accum"], ticket=ticket)
 
-    def heal(where: Where | None, phases: dict) -> None:
+    def heal(where: Where | None, phases: dict, queued: int | None = None) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the
         donor's state and place, and go on from there. ``where`` is None on the replacement itself.
-        ``phases``: when this rank reached each phase of the heal; the lead reports every rank's."""
+        ``phases``: when this rank reached each phase of the heal; ``queued``: updates it had issued past
+        the last one applied. The lead reports every rank's."""
         nonlocal epoch, step, position, best_error, stale, sync, vote, train_step, stream, saved_at
         began = time.monotonic()
         place, summary = hand_over(ctx, comm, flat, optimizer, where, average=config["mode"] == "param")
@@ -241,10 +242,11 @@ def train_worker(ctx: Any, config: dict) -> dict:
         timeline.mark(phases, "attached")
         stream, saved_at = None, step
         reseed(epoch, step)
-        every = ctx.exchange("heal-phases", phases)
+        every = ctx.exchange("heal-phases", (phases, queued))
         if lead:
             ctx.send({"event": "healed", "step": step, "epoch": epoch, "generation": ctx.generation,
-                      "hand_over_s": time.monotonic() - began, "mode": config["mode"], "phases": every, **summary})
+                      "hand_over_s": time.monotonic() - began, "mode": config["mode"],
+                      "phases": [p for p, _ in every], "queued": [q for _, q in every], **summary})
 
     if replacing:
         heal(None, marks)
@@ -320,8 +322,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             where = Where(epoch, step, position, best_error, stale)
             if ticket is not None:
                 where = rewind(where, ticket.applied(), batches.steps_per_epoch)
-                ctx.print(f"queued {step - where.step} updates past the last applied one ({where.step})")
-            heal(where, phases)
+            heal(where, phases, queued=step - where.step)
 
     sync.finish()
     saver.wait()

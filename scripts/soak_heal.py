@@ -14,12 +14,13 @@ SIGKILL or SIGSTOP (a hang: the parent kills it after --heartbeat-timeout) at a 
 parameters every soaked run must end with. One JSON row per run: model, gpus (0: CPU workers), kills,
 recover_s_median / recover_s_max (from the signal to the workers' report that training goes on),
 heal_phases_s (for each heal, seconds from the signal to each phase: survivors' "failed" and
-"rejoined", the replacement's start-up marks, everyone's "handed_over" and "attached"),
+"rejoined", the replacement's start-up marks, everyone's "handed_over" and "attached"), queued (for
+each heal, the most updates a survivor had issued past the last one applied),
 steps_lost_max, max_abs_diff_vs_uninterrupted (parameters and buffers, BatchNorm's running
 statistics aside), max_abs_diff_running_stats (those: they are per rank, and a replacement starts
 from the donor's; null without BatchNorm), restarts (heals that fell back to a checkpoint
-restart), finished (it ended at its last step), exit_status (Train.py's), orphans (processes of the run
-left after it), hung (the run did not end in time).
+restart), finished (it ended at its last step), exit_status (Train.py's), orphans (live processes of the
+run left after it; orphans_left says which), hung (the run did not end in time).
 tests/test_heal.py runs it in CI.
 """
 from __future__ import annotations
@@ -97,13 +98,24 @@ def workers(found: list[dict]) -> list[int]:
 
 
 def in_session(session: int) -> list[int]:
+    """The live processes of ``session`` (zombies aside: dead, they wait only for a parent to reap them,
+    which a container's first process may never do)."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != session:
             fields = _read(f"/proc/{name}/stat").rsplit(b")", 1)[-1].split()
-            if len(fields) > 3 and int(fields[3]) == session:
+            if len(fields) > 3 and int(fields[3]) == session and fields[0] != b"Z":
                 found.append(int(name))
     return found
+
+
+def described(pids: list[int]) -> list[str]:
+    """Each process as "pid state command", for the row of a run that left some behind."""
+    def one(pid: int) -> str:
+        state = (_read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split() or [b"?"])[0].decode()
+        command = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")
+        return f"{pid} {state} {command[:120]}"
+    return [one(pid) for pid in pids]
 
 
 def _read(path: str) -> bytes:
@@ -150,6 +162,7 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
             pass
     time.sleep(0.5)
     orphans = in_session(process.pid)
+    left = described(orphans)
     for pid in orphans:
         os.kill(pid, signal.SIGKILL)
     found = records(log_dir)
@@ -158,6 +171,7 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
     # to the restarted group's first update. A restart loses the updates since its checkpoint: at least
     # those between it and the last progress record before the signal.
     recover, lost, phases = [], [r["steps_lost"] for r in heals], []
+    queued = [max(filter(None, r.get("queued", [])), default=0) for r in heals]
     for when, _ in signalled:
         after = [r for r in found if r["event"] in ("recovered", "first_step") and r["time"] >= when]
         if after:
@@ -169,8 +183,8 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
                 lost.append(max(before, default=0) - (after[0]["step"] - 1))
     messages = [line for line in err.splitlines() if "update/s" not in line and line.strip()]
     return {"process_status": process.returncode, "stderr_tail": messages[-8:], "hung": hung,
-            "orphans": len(orphans), "signals": [s for _, s in signalled], "recover": recover,
-            "steps_lost": lost, "phases": phases,
+            "orphans": len(orphans), "left": left, "signals": [s for _, s in signalled], "recover": recover,
+            "steps_lost": lost, "phases": phases, "queued": queued,
             "causes": [f'{r["event"]}: rank {r["rank"]} {r["cause"]}' + (f' (not healed: {r["not_healed"]})' if "not_healed" in r else "")
                        for r in found if r["event"] in ("recovered", "restart")],
             "restarts": sum(r["event"] == "restart" for r in found), "stderr": err}
@@ -234,11 +248,11 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                          "recover_s_median": statistics.median(recover) if recover else None,
                          "recover_s_max": max(recover) if recover else None,
                          "steps_lost_max": max(result["steps_lost"], default=None),
-                         "heal_phases_s": result["phases"],
+                         "heal_phases_s": result["phases"], "queued": result["queued"],
                          "max_abs_diff_vs_uninterrupted": diff, "max_abs_diff_running_stats": stats_diff,
                          "restarts": result["restarts"],
                          "finished": finished, "exit_status": result["process_status"],
-                         "orphans": result["orphans"], "hung": result["hung"], "causes": result["causes"],
+                         "orphans": result["orphans"], "orphans_left": result["left"], "hung": result["hung"], "causes": result["causes"],
                          "stderr_tail": result["stderr_tail"]})
     return rows
 
