@@ -80,8 +80,9 @@ def logged(work: Path) -> list[tuple[int, int, float]]:
 
 
 def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
-            report: Callable[[dict], None] = print) -> list[dict]:
-    """The rows, each also given to ``report`` as soon as it is measured."""
+            report: Callable[[dict], None] = print, time_limit: float = 540) -> list[dict]:
+    """The rows, each also given to ``report`` as soon as it is measured; after ``time_limit`` s the run
+    is ended and torchrun's stderr shown."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="torchrun-restart-") as tmp:
         work = Path(tmp)
@@ -92,7 +93,7 @@ def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
                                                              os.environ.get("PYTHONPATH", "")])}
         run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
-        deadline, rng = time.monotonic() + 540, random.Random(0)
+        deadline, rng = time.monotonic() + time_limit, random.Random(0)
         for restart in range(kills):
             wait = rng.randint(1, save_every)
             while run.poll() is None and time.monotonic() < deadline:
@@ -130,6 +131,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100000, help="the run's length (it is ended once the kills are measured)")
     p.add_argument("--save-every", type=int, default=100, help="rank 0 saves every this many updates")
     p.add_argument("--out", default=None, help="append the JSON rows to this file")
+    p.add_argument("--time-limit", type=float, default=540, help="end the run after this many seconds")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -142,7 +144,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as f:
                 f.write(line + "\n")
-    measure(args.gpus, args.model, args.kills, args.steps, args.save_every, report)
+    measure(args.gpus, args.model, args.kills, args.steps, args.save_every, report, args.time_limit)
 
 
 if __name__ == "__main__":
