@@ -91,8 +91,11 @@ def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
                    "--steps", str(steps), "--save-every", str(save_every), "--work", str(work)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "scripts"),
                                                              os.environ.get("PYTHONPATH", "")])}
-        run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+        # stderr to a file, not a pipe: nobody reads a pipe during the run, and once it is full torchrun
+        # and its workers block on their next message
+        errors = (work / "stderr.log").open("w+")
+        run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors,
+                               start_new_session=True)
         deadline, rng = time.monotonic() + time_limit, random.Random(0)
         for restart in range(kills):
             wait = rng.randint(1, save_every)
@@ -117,7 +120,16 @@ def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
             report(rows[-1])
         if run.poll() is None:      # what is left of the run is not measured
             os.killpg(run.pid, signal.SIGKILL)
-        _, err = run.communicate()
+            for pid_file in work.glob("pid-*"):     # torchrun starts each worker in a session of its own
+                pid = int(pid_file.read_text())
+                try:
+                    if str(work).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():   # not a reused pid
+                        os.kill(pid, signal.SIGKILL)
+                except (OSError, ProcessLookupError):
+                    pass
+        run.wait()
+        errors.seek(0)
+        err = errors.read()
         if len(rows) < kills:
             raise RuntimeError(f"torchrun's run ended after {len(rows)} of {kills} kills:\n{err[-3000:]}")
     return rows
