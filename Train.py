@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--gpus", default=None, help="'all' or GPU indices like 0,1 (default: all GPUs if any, else CPU workers)")
     a("--cpu-workers", type=int, default=2, help="number of CPU workers when no GPU is used (default 2)")
     a("--workers-per-gpu", type=int, default=1,
-      help="workers on each GPU (default 1); they combine through CUDA IPC, one leader per GPU joins NCCL")
+      help="workers on each GPU (default 1; on other hosts too); they combine through CUDA IPC, one leader per "
+           "GPU joins NCCL")
     a("--launcher", choices=LAUNCHERS, default="local",
       help="where the workers start: local (this machine, the default); ssh (on --hosts or --hostfile, through "
            "OpenSSH with your own config and keys; $HARNESS_SSH overrides the ssh command); slurm (on the "
@@ -185,16 +186,26 @@ def launch_plan(args: argparse.Namespace) -> tuple[list[int], int]:
 def remote_plan(args: argparse.Namespace) -> tuple[list[int], int]:
     """--launcher ssh or slurm: (each host's GPUs, number of workers: the hosts' slots). This machine
     cannot see the hosts' GPUs: ``--gpus all`` (the default where this machine has GPUs) gives each of a
-    host's workers its own GPU, 0, 1, ...; ``--gpus 0,1`` shares a host's workers out over those."""
-    if args.workers_per_gpu > 1 or args.mps:
-        raise ConfigError(f"--workers-per-gpu and --mps work on one machine only so far; drop them with --launcher "
-                          f"{args.launcher}")
+    host's workers its own GPU, 0, 1, ..., or with ``--workers-per-gpu K`` each K workers one; ``--gpus
+    0,1`` shares a host's workers out over those. Workers that share a GPU combine through CUDA IPC on
+    their host, as on one machine; ``args.workers_per_gpu`` becomes the most that share one."""
+    if args.mps:
+        raise ConfigError(f"--mps works on one machine only so far (it starts a private MPS daemon there); drop it "
+                          f"with --launcher {args.launcher} (--workers-per-gpu works without it)")
     try:
         launcher = make_launcher(args.launcher, args.hosts, args.hostfile)
+        most = max(h.slots for h in launcher.hosts)
         gpus = host_gpus(args.gpus if args.gpus is not None else ("all" if visible_gpus() else None),
-                         max(h.slots for h in launcher.hosts))
+                         -(-most // args.workers_per_gpu))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if gpus:
+        sharing = -(-most // len(gpus))
+        if sharing > args.workers_per_gpu > 1:
+            raise ConfigError(f"--workers-per-gpu {args.workers_per_gpu} on GPUs {','.join(map(str, gpus))}: a host "
+                              f"with {most} slots would put {sharing} workers on a GPU; list more GPUs, give the "
+                              f"hosts fewer slots or raise --workers-per-gpu")
+        args.workers_per_gpu = max(args.workers_per_gpu, sharing)
     return gpus, launcher.slots
 
 
@@ -542,11 +553,12 @@ def run(args: argparse.Namespace, marks: dict, interrupts: Interrupts) -> int:
             config, _ = read_flags(args)
             check_inputs(config)
             where = f"{config['workers']} CPU workers"
+            shared = f", {args.workers_per_gpu} per GPU" if gpus and args.workers_per_gpu > 1 else ""
             if args.launcher != "local":
                 where = f"{len(kids.hosts)} hosts ({args.launcher}), " + ("GPUs " + ",".join(map(str, gpus))
-                                                                          if gpus else "CPU") + " on each"
+                                                                          if gpus else "CPU") + " on each" + shared
             elif gpus:
-                where = f"{len(gpus)} GPU(s)" + (f", {args.workers_per_gpu} per GPU" if args.workers_per_gpu > 1 else "")
+                where = f"{len(gpus)} GPU(s)" + shared
             print(f"training {config['model']} on {config['dataset']} with {config['workers']} workers on {where}, "
                   f"mode {config['mode']}")
             timeline.mark(marks, "checked")

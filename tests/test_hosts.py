@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from conftest import harness_children, wait_gone
+import Train
 from harness import ChildFailed, Parent
+from harness.comm.hierarchical import HierarchicalCommunicator
+from harness.placement import assign_on_hosts
 from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from netns_hosts import Hosts, why_no_slurm, why_not
 from harness.metrics import read_metrics
@@ -82,6 +85,17 @@ def where(ctx) -> tuple:
     return ctx.rank, ctx.host, ctx.address, os.readlink("/proc/self/ns/net"), os.environ.get("HARNESS_KEY")
 
 
+def shared_on_each_host(ctx) -> tuple[list[int], float]:
+    """The workers of each host as one group sharing a device (here host memory in place of CUDA IPC, gloo
+    among the leaders): keyed by host, as GPU workers are by (host, GPU), so that GPU 0 of one host is not
+    GPU 0 of another."""
+    comm = HierarchicalCommunicator(ctx, ctx.exchange(ctx.unique_tag("keys"), (ctx.host, 0)), "gloo")
+    ctx.own(comm)
+    t = torch.full((1 << 16,), float(ctx.rank + 1))
+    comm.all_reduce(t)
+    return comm.group.members, t.max().item() - t.min().item() + t[0].item()
+
+
 def all_reduce_forever(ctx) -> None:
     comm = ctx.communicator()
     ones = torch.ones(1000)
@@ -95,7 +109,7 @@ def children_on(hosts: Hosts, index: int | None = None) -> list[int]:
     return harness_children([pid for namespace in spaces for pid in hosts.processes(namespace)])
 
 
-def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_leaves_nothing(hosts, monkeypatch):
+def test_ssh_children_run_on_their_hosts_share_memory_only_there_and_a_host_cut_off_fails_naming_it(hosts, monkeypatch):
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
     spaces = [f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]" for ns in hosts.namespaces]
     with Parent(heartbeat_timeout=5.0) as parent:       # the functions' module imports torch: preloaded
@@ -108,6 +122,8 @@ def test_ssh_children_run_on_their_hosts_and_a_host_cut_off_fails_naming_it_and_
                                                           for r in range(6)]
         assert [space for _, _, _, space, _ in found] == [spaces[r // 2] for r in range(6)]
         assert all(key is None for *_, key in found)      # the key was read and dropped from the environment
+        kids.exec(shared_on_each_host)
+        assert kids.wait() == [([r - r % 2, r - r % 2 + 1], 21.0) for r in range(6)]     # 1 + ... + 6
 
         kids.exec(all_reduce_forever)
         time.sleep(1.0)
@@ -206,6 +222,20 @@ def test_hosts_and_hostfiles_are_parsed(tmp_path):
         Ssh([Host("a", 2), Host("b", 3)]).place(6)
 
 
+def test_workers_per_gpu_on_other_hosts_share_each_hosts_gpus_and_restart_rather_than_heal():
+    args = Train.parse_args(["--launcher", "ssh", "--hosts", "a:4,b:4,c:2", "--gpus", "all", "--workers-per-gpu", "2",
+                             "--max-restarts", "2"])
+    gpus, count = Train.launch_plan(args)
+    assert (gpus, count) == ([0, 1], 10)
+    places = Ssh(Train.make_launcher("ssh", args.hosts).hosts).place(count)
+    assert assign_on_hosts([(index, n) for _, index, n in places], gpus) == [0, 0, 1, 1, 0, 0, 1, 1, 0, 1]
+    assert Train.heals_in_place(args, gpus) is False        # workers sharing a GPU restart from the checkpoint
+    # --gpus 0,1 on hosts of 4 slots shares them two to a GPU without the flag, and is treated alike
+    implied = Train.parse_args(["--launcher", "ssh", "--hosts", "a:4", "--gpus", "0,1", "--max-restarts", "2"])
+    assert Train.launch_plan(implied) == ([0, 1], 4) and implied.workers_per_gpu == 2
+    assert Train.heals_in_place(implied, [0, 1]) is False
+
+
 def test_slurm_allocations_are_read_from_their_environment():
     # As sbatch sets them (--nodes=3 --ntasks-per-node=8; a heterogeneous allocation; one node)
     assert expand_nodelist("gpu-st-p4d-[1-2],cpu07") == ["gpu-st-p4d-1", "gpu-st-p4d-2", "cpu07"]
@@ -247,7 +277,9 @@ def test_slurm_starts_each_child_with_an_srun_step_on_its_node(tmp_path, monkeyp
     (["--encrypt"], "--control-address and --encrypt are for workers on other hosts"),
     (["--launcher", "slurm"], "SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE are not set"),
     (["--launcher", "ssh", "--hostfile", "/nonexistent/hosts"], "--hostfile /nonexistent/hosts: No such file"),
-    (["--launcher", "ssh", "--hosts", "node1:2", "--mps"], "--workers-per-gpu and --mps work on one machine only"),
+    (["--launcher", "ssh", "--hosts", "node1:2", "--mps"], "--mps works on one machine only so far"),
+    (["--launcher", "ssh", "--hosts", "node1:8", "--gpus", "0,1", "--workers-per-gpu", "2"],
+     "a host with 8 slots would put 4 workers on a GPU"),
 ])
 def test_bad_launcher_flags_are_one_line_errors(flags, message, tmp_path, monkeypatch, capsys):
     for name in ("SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE"):
