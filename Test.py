@@ -13,8 +13,8 @@ import sys
 import torch
 
 from harness import ChildError, ChildFailed, Parent
-from harness.checkpoint import CheckpointError, load_checkpoint
-from harness.placement import resolve_gpus
+from harness.resilience.checkpoint import CheckpointError, load_checkpoint
+from harness.launch.placement import resolve_gpus
 
 DEFAULT_CHECKPOINT = "checkpoints/model.pt"
 EXAMPLES = 8
@@ -37,8 +37,8 @@ MAX_CONFUSION_CLASSES = 1000      # beyond this (a language model's vocabulary) 
 def confusion_on_shard(ctx, state: dict, batch_size: int) -> torch.Tensor:
     """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the
     test split, or for very many classes the pair (correct, counted) as a 1 x 2 tensor."""
-    from harness.pipeline import default_data_workers, evaluation_batches
-    from harness.train import autocast, load_data, make_model
+    from harness.data.pipeline import default_data_workers, evaluation_batches
+    from harness.training.loop import autocast, load_data, make_model
     config = state["config"]
     device = ctx.device if ctx is not None else torch.device("cpu")
     test = _test_split(load_data(config), config)
@@ -72,8 +72,8 @@ def _test_split(data, config: dict):
 def examples(state: dict) -> list[dict]:
     """A few test samples with the model's prediction (the seed's oddeven lines for oddeven)."""
     from harness.checkout.datasets import decode_oddeven
-    from harness.pipeline import evaluation_batches
-    from harness.train import load_data, make_model
+    from harness.data.pipeline import evaluation_batches
+    from harness.training.loop import load_data, make_model
     config = state["config"]
     test = _test_split(load_data(config), config)
     model = make_model(config, test.info, torch.device("cpu"))

@@ -19,14 +19,15 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from harness import ChildError, ChildFailed, Children, Parent, timeline
-from harness.interrupt import Interrupted, Interrupts
-from harness.recovery import GaveUp, Recovery
-from harness.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
-from harness.optim import IMPLS, OPTIMIZERS, check_options
-from harness.schedule import SCHEDULES, is_constant
-from harness.launch import LAUNCHERS, make_launcher
-from harness.placement import host_gpus, resolve_gpus, visible_gpus
+from harness import ChildError, ChildFailed, Children, Parent
+from harness.control import timeline
+from harness.resilience.interrupt import Interrupted, Interrupts
+from harness.resilience.recovery import GaveUp, Recovery
+from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
+from harness.training.optim import IMPLS, OPTIMIZERS, check_options
+from harness.training.schedule import SCHEDULES, is_constant
+from harness.launch.launchers import LAUNCHERS, make_launcher
+from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
 
 DEFAULT_SAVE = "checkpoints/model.pt"
 
@@ -217,9 +218,9 @@ def placement_flags(args: argparse.Namespace) -> dict:
 
 def gpu_heal_limit(args: argparse.Namespace) -> str | None:
     """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
-    if its collectives completed (harness/heal.py), which a fused optimizer can be told; param mode's
+    if its collectives completed (harness/resilience/heal.py), which a fused optimizer can be told; param mode's
     averaging and workers sharing a GPU have no such guard yet."""
-    from harness.optim import default_impl
+    from harness.training.optim import default_impl
     if args.workers_per_gpu > 1:
         return f"--workers-per-gpu {args.workers_per_gpu}"
     if args.mode == "param":
@@ -246,7 +247,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
     """The flags' own checks (fast: no data is read); returns (config, gpus)."""
     from harness.checkout.datasets import dataset_names, is_known
     from harness.checkout.models import MODELS
-    from harness.pipeline import default_data_workers
+    from harness.data.pipeline import default_data_workers
 
     def json_option(name: str, text: str) -> dict:
         try:
@@ -328,7 +329,7 @@ def read_flags(args: argparse.Namespace) -> tuple[dict, list[int]]:
 def check_inputs(config: dict) -> None:
     """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
     device); sets ``config["samples"]``. Train.py runs them while its workers start."""
-    from harness.checkpoint import CheckpointError, check_writable, load_checkpoint
+    from harness.resilience.checkpoint import CheckpointError, check_writable, load_checkpoint
     config["samples"] = _check_data_and_model(config)
     if config["save"]:
         try:
@@ -360,7 +361,7 @@ def _check_data_and_model(config: dict) -> int:
     number of training samples."""
     import torch
     from harness.checkout.datasets import check_data
-    from harness.train import make_model
+    from harness.training.loop import make_model
     try:
         info, samples = check_data(config["dataset"], config["data_dir"], seed=config["seed"],
                                    val_fraction=config["val_fraction"], **config["dataset_options"])
@@ -425,7 +426,7 @@ class Progress:
 @contextlib.contextmanager
 def mps_for(mps: bool, log_dir: str) -> Iterator[dict[str, str]]:
     """With --mps, a private MPS daemon for the run; yields the environment that points workers at it."""
-    from harness.mps import active_mps_env, start_mps
+    from harness.launch.mps import active_mps_env, start_mps
     if not mps:
         found = active_mps_env()
         if found:
@@ -442,7 +443,7 @@ def mps_for(mps: bool, log_dir: str) -> Iterator[dict[str, str]]:
 
 
 # torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
-WORKER_IMPORTS = ("harness.train", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
+WORKER_IMPORTS = ("harness.training.loop", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
 
 
 @contextlib.contextmanager
@@ -451,8 +452,8 @@ def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_time
     """A group of training workers, stopped on exit. They import what training needs as soon as they
     start, so a group started before the parent's own imports and checks does that work alongside
     them. With --mps the private daemon starts first and outlives the workers: MPS only quits once
-    its clients are gone. ``heal``: a dead worker does not stop the group (harness/recovery.py).
-    ``place``: placement_flags(), where they start (harness/launch.py)."""
+    its clients are gone. ``heal``: a dead worker does not stop the group (harness/resilience/recovery.py).
+    ``place``: placement_flags(), where they start (harness/launch/launchers.py)."""
     with mps_for(mps, log_dir) as daemon_env, Parent(heartbeat_timeout=heartbeat_timeout) as parent:
         try:
             group = parent.fork(count, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS, heal=heal,
@@ -465,10 +466,10 @@ def workers(count: int, gpus: list[int], mps: bool, log_dir: str, heartbeat_time
 
 def train(config: dict, gpus: list[int], heartbeat_timeout: float = 30.0, marks: dict | None = None,
           interrupts: Interrupts | None = None, started: Children | None = None) -> list[dict]:
-    """Run harness.train.train_worker on every worker and show progress; returns their summaries.
+    """Run harness.training.loop.train_worker on every worker and show progress; returns their summaries.
     ``started``: workers already started (Train.py starts them before its checks), else a group is
     forked here. A worker that dies or hangs is healed in place or restarts the group from the last
-    checkpoint, --max-restarts times in all (harness/recovery.py).
+    checkpoint, --max-restarts times in all (harness/resilience/recovery.py).
     ``marks``: the parent's start-up timeline so far; with the workers' it goes to the log at the end.
     ``interrupts``: the handlers of SIGINT and SIGTERM, told about the workers once they exist."""
     marks = marks if marks is not None else timeline.start("checked")
@@ -504,7 +505,7 @@ def run_group(config: dict, kids: Children, marks: dict, interrupts: Interrupts 
               progress: Progress, recovery: Recovery) -> list[dict]:
     """One group of workers from start (or ``config["resume"]``) to the end of the run, healed in
     place when a worker dies, if it may be; otherwise the failure ends the group (stopped)."""
-    from harness.train import train_worker
+    from harness.training.loop import train_worker
     if interrupts is not None:
         interrupts.watch(kids)
     try:

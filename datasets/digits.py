@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from harness.checkpoint import write_atomically
+from harness.resilience.checkpoint import write_atomically
 
 from .split import DataInfo, Split
 

@@ -22,7 +22,7 @@ A "stop" that arrives while a function runs aborts it: the parent is ending the 
 
 SIGINT and SIGTERM never end a child: they are recorded as ``ctx.interrupted`` (the signal's
 number) for the running function to act on; the parent decides when the run ends
-(harness/interrupt.py).
+(harness/resilience/interrupt.py).
 
 Healing (a group forked with ``heal=True``): when a peer dies, the survivors' running function
 is aborted as usual but need not end. It calls ``ctx.await_heal()``, which returns the parent's
@@ -45,8 +45,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
-from . import timeline
-from .link import HEARTBEAT_INTERVAL
+from .control import timeline
+from .control.link import HEARTBEAT_INTERVAL
 
 _interrupted: int | None = None      # the last SIGINT or SIGTERM this process received
 
@@ -101,7 +101,7 @@ class Context:
         machine; across hosts, the address of its interface on the route to the parent."""
         if not self._endpoint.startswith("tcp://"):
             return "127.0.0.1"
-        from .launch import address_toward
+        from .launch.launchers import address_toward
         return address_toward(self._endpoint[len("tcp://"):].rsplit(":", 1)[0])
 
     @property
@@ -187,7 +187,7 @@ class Context:
     def communicator(self, backend: str | None = None, **options: Any):
         """Collective call on every child: a communicator over all ranks ("nccl" on GPU children,
         "gloo" on CPU children unless ``backend`` says otherwise)."""
-        from .comm import open_communicator
+        from .collectives import open_communicator
         return open_communicator(self, backend, **options)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -321,8 +321,8 @@ class Context:
 
 def _connect(ctx: Context, endpoint: str, key: bytes):
     import zmq
-    from .endpoint import secure
-    from .link import Link, identity_of
+    from .control.endpoint import secure
+    from .control.link import Link, identity_of
     socket = zmq.Context.instance().socket(zmq.DEALER)
     secure(socket, os.environ)
     spare = os.environ.pop("HARNESS_IDENTITY", "")      # a warm spare's, until it takes a rank's place

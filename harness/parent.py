@@ -7,8 +7,8 @@ scatter, receive, wait. Every blocking call also watches the children: a child t
 stops sending heartbeats ends the call with ``ChildFailed`` in seconds, after the others have
 been told to abort and have been stopped. Nothing hangs and nothing is left running.
 
-Children may run on other hosts: ``fork(..., launcher=Ssh(hosts))`` or ``Slurm()`` (harness/launch.py)
-starts each through ssh or srun, and the group talks over TCP (harness/endpoint.py). The parent then
+Children may run on other hosts: ``fork(..., launcher=Ssh(hosts))`` or ``Slurm()`` (harness/launch/launchers.py)
+starts each through ssh or srun, and the group talks over TCP (harness/control/endpoint.py). The parent then
 also sends heartbeats, so that a child cut off from it exits by itself, and forwards signals as
 messages; a failure names the child's host.
 
@@ -16,8 +16,8 @@ A group forked with ``heal=True`` is not stopped when a child fails: the call st
 ``ChildFailed``, the survivors are still told to abort their collectives, but they stay alive,
 and ``replace(rank)`` puts a new child in the dead one's place, hands it the running exec and
 tells the survivors (harness/child.py: ``await_heal``). The new child is the warm spare where there
-is one (harness/spawn.py, which also starts every child and says what its environment holds). What the
-ranks do then is the running code's business (harness/heal.py is Train.py's); the caller may instead
+is one (harness/control/spawn.py, which also starts every child and says what its environment holds). What the
+ranks do then is the running code's business (harness/resilience/heal.py is Train.py's); the caller may instead
 ``stop()`` the group.
 """
 from __future__ import annotations
@@ -35,10 +35,16 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import zmq
 
-from . import endpoint, placement, spawn, wire
-from .launch import Launcher, Local, make_launcher
-from .link import HEARTBEAT_INTERVAL, Link
-from .spawn import ChildProcess, Starter, describe_exit
+from .control import endpoint
+
+from .launch import placement
+
+from .control import spawn
+
+from .control import wire
+from .launch.launchers import Launcher, Local, make_launcher
+from .control.link import HEARTBEAT_INTERVAL, Link
+from .control.spawn import ChildProcess, Starter, describe_exit
 
 log = logging.getLogger("harness")
 
@@ -167,7 +173,7 @@ class Children:
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every child still running. Safe in a signal handler (it only calls
-        ``os.kill``): that is how the parent forwards Ctrl-C and SIGTERM (harness/interrupt.py).
+        ``os.kill``): that is how the parent forwards Ctrl-C and SIGTERM (harness/resilience/interrupt.py).
         Children on other hosts get it as a message, sent at the next housekeeping tick."""
         if self._launcher.remote:
             self._signals.append(signum)
@@ -458,11 +464,11 @@ class Parent:
         ``preload``: modules each child imports while it waits for its first exec (torch, say), so
         that a fork made before the parent's own slow work overlaps it. ``heal``: a failed child does
         not stop the group; ``Children.replace`` starts another in its place.
-        ``launcher``: where they start (harness/launch.py: ``Local()``, the default, ``Ssh(hosts)``,
+        ``launcher``: where they start (harness/launch/launchers.py: ``Local()``, the default, ``Ssh(hosts)``,
         ``Slurm()``, or by name as Train.py's flags say it: "local", "ssh" with ``hosts="node1:8,node2:8"``
         or ``hostfile``, "slurm"); on other hosts ``gpus`` names each host's GPUs ("all": one per child). Remote
         children reach the parent over TCP at ``address`` (default: this machine's address on the
-        route to the first host); ``encrypt`` adds CurveZMQ to the signing (harness/endpoint.py)."""
+        route to the first host); ``encrypt`` adds CurveZMQ to the signing (harness/control/endpoint.py)."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n={n!r}): n must be a positive integer")
         if launcher is None or isinstance(launcher, str):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import Parent  # noqa: E402
-from harness.comm.store import init_torch_distributed  # noqa: E402
-from harness.placement import resolve_gpus  # noqa: E402
+from harness.collectives.store import init_torch_distributed  # noqa: E402
+from harness.launch.placement import resolve_gpus  # noqa: E402
 
 SIZES = [4 << 10 << 2 * i for i in range(10)]          # 4 KiB, 16 KiB, ... 1 GiB
 

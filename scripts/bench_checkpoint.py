@@ -1,7 +1,7 @@
 """What frequent checkpoints cost: the same Train.py run with and without --save-every-steps.
 
 A save copies the model and optimizer state to host memory and a background thread writes it
-(harness/saver.py), so training should barely notice. Both runs write their final checkpoint and
+(harness/resilience/saver.py), so training should barely notice. Both runs write their final checkpoint and
 neither saves at epoch ends (--save-every is set past the run), so the only difference is the
 periodic saves. The rate is updates per second from the end of the first update to the end of the
 run (the "first_step" and "done" records of metrics.jsonl); runs alternate, --repeats times each.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness.metrics import read_metrics  # noqa: E402
+from harness.training.metrics import read_metrics  # noqa: E402
 
 
 def updates_per_s(train_flags: list[str], work: Path, name: str, steps: int, save_every: int) -> float:

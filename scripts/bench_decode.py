@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 from harness.checkout.datasets.imagefolder import ImageFolder, class_names  # noqa: E402
 from harness.checkout.datasets import nvjpeg  # noqa: E402
-from harness.pipeline import Seeded  # noqa: E402
+from harness.data.pipeline import Seeded  # noqa: E402
 from make_bench_data import make_jpeg_folder  # noqa: E402
 
 

@@ -60,9 +60,9 @@ def first_step(comm: Any = None) -> None:
         dist.destroy_process_group()
         return
     import contextlib
-    from harness.flat import FlatParameters
-    from harness.step import TrainStep
-    from harness.sync import BucketedGradientAveraging
+    from harness.collectives.flat import FlatParameters
+    from harness.training.step import TrainStep
+    from harness.collectives.sync import BucketedGradientAveraging
     flat = FlatParameters(model)
     sync = BucketedGradientAveraging(comm, flat)
     sync.start()

@@ -7,7 +7,7 @@ per GPU), each variant in turn from a freshly built model, on the same per-GPU m
 * ``ddp``: nanoGPT's loop. ``torch.compile(model)`` wrapped in DDP (gradient_as_bucket_view),
   ``require_backward_grad_sync`` off on the first K-1 micro-steps (no_sync), loss / K,
   ``clip_grad_norm_``, fused AdamW, the learning rate set every update.
-* ``harness``: ``harness.step.TrainStep`` as Train.py builds it for the same flags: the compiled
+* ``harness``: ``harness.training.step.TrainStep`` as Train.py builds it for the same flags: the compiled
   model over the flat buffers, bucketed gradient averaging with no_sync, clipping on the flat
   gradients, fused AdamW.
 * ``harness-eager`` and ``ddp-eager``: the same without compile, for compile's gain.
@@ -60,10 +60,10 @@ def make_variant(variant: str, spec: dict, comm):
     """One update of the recipe (a function of nothing: it counts its updates), and what must stay alive."""
     import torch
     from harness.checkout.models import loss_fn
-    from harness.flat import FlatParameters
-    from harness.schedule import learning_rate
-    from harness.step import make_step
-    from harness.sync import BucketedGradientAveraging
+    from harness.collectives.flat import FlatParameters
+    from harness.training.schedule import learning_rate
+    from harness.training.step import make_step
+    from harness.collectives.sync import BucketedGradientAveraging
     recipe = recipe_for(spec)
     accum, graph = recipe["accum"], variant == "harness+graph"
     model, _, x, y = build(spec)
@@ -134,7 +134,7 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
 def optimizer_worker(ctx, spec: dict, steps: int) -> list[dict]:
     """Seconds per AdamW update on the model's parameters, per implementation and layout."""
     import torch
-    from harness.flat import FlatParameters
+    from harness.collectives.flat import FlatParameters
     torch.cuda.set_device(0)
     recipe = recipe_for(spec)
     rows = []

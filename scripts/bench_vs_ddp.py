@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness.comm.store import init_torch_distributed  # noqa: E402
+from harness.collectives.store import init_torch_distributed  # noqa: E402
 
 MODELS = {   # name: (registry model, model options, DataInfo args, per-GPU batch, bf16, channels_last)
     "mlp": ("mlp", {"hidden": [512, 512]}, ("image", (1, 28, 28), 10), 128, False, False),
@@ -73,9 +73,9 @@ def autocast_for(spec: dict):
 
 def make_variant(variant: str, spec: dict, comm):
     """A step function for one variant, plus its model (kept alive while timing)."""
-    from harness.flat import FlatParameters
-    from harness.step import TrainStep, make_step
-    from harness.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
+    from harness.collectives.flat import FlatParameters
+    from harness.training.step import TrainStep, make_step
+    from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
     from harness.checkout.models import loss_fn
     model, optimizer, x, y = build(spec)
     autocast = autocast_for(spec)
@@ -198,9 +198,9 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
 def first_step(spec: dict, comm=None) -> None:
     """Build, wrap and run one step; rank 0 prints when it is done (wall clock)."""
     import torch
-    from harness.flat import FlatParameters
-    from harness.step import TrainStep
-    from harness.sync import BucketedGradientAveraging
+    from harness.collectives.flat import FlatParameters
+    from harness.training.step import TrainStep
+    from harness.collectives.sync import BucketedGradientAveraging
     from harness.checkout.models import loss_fn
     model, optimizer, x, y = build(spec)
     autocast = autocast_for(spec)

@@ -26,9 +26,9 @@ from bench_vs_ddp import autocast_for, bar_chart, build, spec_for, time_steps  #
 
 def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float:
     import torch
-    from harness.flat import FlatParameters
-    from harness.step import TrainStep
-    from harness.sync import BucketedGradientAveraging
+    from harness.collectives.flat import FlatParameters
+    from harness.training.step import TrainStep
+    from harness.collectives.sync import BucketedGradientAveraging
     from harness.checkout.models import loss_fn
     torch.cuda.set_device(0)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -44,7 +44,7 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
 def measure(spec: dict, gpus: int, k: int, mps: bool, args: argparse.Namespace) -> float:
     """The slowest rank's median step time, in seconds."""
     from harness import Parent
-    from harness.mps import start_mps
+    from harness.launch.mps import start_mps
     with contextlib.ExitStack() as stack:
         env = {}
         if mps:

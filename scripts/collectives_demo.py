@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import Parent  # noqa: E402
-from harness.placement import resolve_gpus  # noqa: E402
+from harness.launch.placement import resolve_gpus  # noqa: E402
 
 N = 8
 LEAD_VALUE = 10.0

@@ -192,7 +192,7 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
 
 def heal_phases(record: dict, signalled: float) -> dict[str, float]:
     """Seconds from the signal to each phase of a heal, as the slowest rank reached it (the phases
-    of harness/train.py's heal, and the replacement's start-up marks since the signal)."""
+    of harness/training/loop.py's heal, and the replacement's start-up marks since the signal)."""
     latest: dict[str, float] = {}
     for marks in record.get("phases", []):
         for phase, at in marks.items():

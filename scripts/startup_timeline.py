@@ -1,6 +1,6 @@
 """Where a run's start-up goes: each process's phases, from the command to the first step.
 
-Train.py writes a ``startup`` record to LOG_DIR/metrics.jsonl at the end of a run (harness/timeline.py):
+Train.py writes a ``startup`` record to LOG_DIR/metrics.jsonl at the end of a run (harness/control/timeline.py):
 the parent's marks (process created, imports done, inputs checked, workers forked, first step
 reported) and each worker's (process created, imports done, the training function received and
 its imports done, data loaded, model built, communicator up, first step done). This prints them as

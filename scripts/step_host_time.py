@@ -57,7 +57,7 @@ def worker(ctx, model_name: str, variants: list[str], windows: int, steps: int) 
     import statistics
 
     import torch
-    from harness.comm.store import init_torch_distributed
+    from harness.collectives.store import init_torch_distributed
     torch.cuda.set_device(0)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     comm = ctx.communicator()

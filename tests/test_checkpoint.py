@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.checkpoint import REQUIRED_KEYS, CheckpointError, check_writable, load_checkpoint, save_checkpoint
+from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, check_writable, load_checkpoint, save_checkpoint
 
 
 def make_state(epoch: int = 3) -> dict:

@@ -98,7 +98,7 @@ def test_peer_dying_mid_collective_raises_childfailed_quickly():
 def test_torch_distributed_can_be_joined_through_the_control_plane(pair):
     def work(ctx):
         import torch.distributed as dist
-        from harness.comm.store import init_torch_distributed
+        from harness.collectives.store import init_torch_distributed
         init_torch_distributed(ctx, "gloo")
         t = torch.full((3,), float(ctx.rank + 1))
         dist.all_reduce(t)
@@ -112,7 +112,7 @@ def test_torch_distributed_can_be_joined_through_the_control_plane(pair):
 def test_an_aborted_gloo_group_shuts_down_its_own_sockets_and_never_a_reused_descriptor():
     """gloo's abort shuts down the connections its process group opened, which it knows by descriptor
     and inode: a number that was closed and reused meanwhile names someone else's socket."""
-    from harness.comm.gloo import _opened, _shut_down, _sockets
+    from harness.collectives.gloo import _opened, _shut_down, _sockets
 
     with contextlib.ExitStack() as sockets:
         keep = sockets.enter_context

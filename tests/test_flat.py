@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.flat import FlatParameters
+from harness.collectives.flat import FlatParameters
 
 
 def small_model(seed: int = 0) -> nn.Module:

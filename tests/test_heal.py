@@ -1,7 +1,7 @@
 """Healing in place (--max-restarts, with --heal on, the default): a worker that dies
 or hangs is replaced, the survivors hand it their state, only the interrupted update is redone, and
 the run ends exactly where an uninterrupted one does. Real processes, real signals; and the API
-underneath (Children.replace, ctx.await_heal through harness.heal.rejoin) used directly."""
+underneath (Children.replace, ctx.await_heal through harness.resilience.heal.rejoin) used directly."""
 from __future__ import annotations
 
 import json
@@ -19,11 +19,11 @@ from conftest import descendants, kill_quietly
 import Train
 from harness import ChildFailed, Parent
 from harness.child import Context
-from harness.heal import Ticket, Where, rewind
-from harness.optim import FUSED, build_optimizer
-from harness.checkpoint import load_checkpoint
-from harness.metrics import read_metrics
-from harness.spawn import Starter
+from harness.resilience.heal import Ticket, Where, rewind
+from harness.training.optim import FUSED, build_optimizer
+from harness.resilience.checkpoint import load_checkpoint
+from harness.training.metrics import read_metrics
+from harness.control.spawn import Starter
 from scripts.soak_heal import soak
 from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
 from test_recovery import workers_of
@@ -154,7 +154,7 @@ def test_heals_spend_the_restart_budget_and_then_the_run_ends_with_one_clear_err
 def count_to(ctx, n: int, pause: float) -> tuple[int, int, int]:
     """All-reduce ones n times; a rank that fails rejoins and the group agrees where to go on. Rank 0
     sends "counting" at step 10, and again at its first step after each heal."""
-    from harness.heal import rejoin
+    from harness.resilience.heal import rejoin
     comm, step, heals, announced = ctx.communicator(), 0, 0, 0
     if ctx.replacing is not None:
         step = agree(ctx, None)
@@ -267,7 +267,7 @@ def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_le
 
 
 def test_a_gpu_rank_that_went_ahead_of_its_applied_updates_is_moved_back_across_an_epoch_end():
-    """GPU workers: the CPU may have queued updates past the last one the GPU applied (harness/heal.py)."""
+    """GPU workers: the CPU may have queued updates past the last one the GPU applied (harness/resilience/heal.py)."""
     assert rewind(Where(3, 50, 2, 0.5, 1), applied=45, steps_per_epoch=16) == Where(2, 45, 13, 0.5, 1)
     assert rewind(Where(3, 50, 2, 0.5, 1), applied=50, steps_per_epoch=16) == Where(3, 50, 2, 0.5, 1)
     assert rewind(Where(3, 48, 16, 0.5, 1), applied=47, steps_per_epoch=16) == Where(3, 47, 15, 0.5, 1)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import has_gpus, kill_quietly
-from harness.metrics import read_metrics
-from harness.step import HEAL_DEPTH
+from harness.training.metrics import read_metrics
+from harness.training.step import HEAL_DEPTH
 from test_heal import recovered, records_of
 from test_interrupt import finish, left_in_tmp, start_train, wait_for_record
 from test_recovery import workers_of

@@ -18,11 +18,11 @@ import torch
 from conftest import harness_children, wait_gone
 import Train
 from harness import ChildFailed, Parent
-from harness.comm.hierarchical import HierarchicalCommunicator
-from harness.placement import assign_on_hosts
-from harness.launch import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
+from harness.collectives.hierarchical import HierarchicalCommunicator
+from harness.launch.placement import assign_on_hosts
+from harness.launch.launchers import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from netns_hosts import Hosts, why_no_slurm, why_not
-from harness.metrics import read_metrics
+from harness.training.metrics import read_metrics
 from scripts.soak_heal import SLOW_MODEL
 from test_interrupt import finish, interrupt, start_train
 from test_train import ROOT, flat_params, run_train, train_error
@@ -114,7 +114,7 @@ def test_ssh_children_run_on_their_hosts_share_memory_only_there_and_a_host_cut_
     spaces = [f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]" for ns in hosts.namespaces]
     with Parent(heartbeat_timeout=5.0) as parent:       # the functions' module imports torch: preloaded
         kids = parent.fork(6, launcher="ssh", hosts=",".join(f"{a}:2" for a in hosts.addresses), encrypt=True,
-                           preload=("torch", "harness.comm.gloo", "test_hosts"))
+                           preload=("torch", "harness.collectives.gloo", "test_hosts"))
         assert kids.hosts == hosts.addresses
         kids.exec(where)
         found = kids.wait()

@@ -109,7 +109,7 @@ def test_a_second_signal_stops_at_once_without_a_traceback(tmp_path):
 
 
 def _count_until_stopped(ctx):
-    from harness.interrupt import StopVote
+    from harness.resilience.interrupt import StopVote
     import torch
     vote, step = StopVote(ctx, ctx.communicator(), torch.device("cpu")), 0
     ctx.send("ready")

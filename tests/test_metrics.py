@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.metrics import MetricsLog, plot_metrics, read_metrics
+from harness.training.metrics import MetricsLog, plot_metrics, read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,11 +1,11 @@
-"""MPS support (harness.mps and scripts/*mps*.sh) against fake nvidia-cuda-mps-control and nvidia-smi."""
+"""MPS support (harness.launch.mps and scripts/*mps*.sh) against fake nvidia-cuda-mps-control and nvidia-smi."""
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from harness import mps
+from harness.launch import mps
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -63,7 +63,7 @@ def calls(record: Path, name: str = "calls.log") -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-# --- harness.mps -------------------------------------------------------------------------------
+# --- harness.launch.mps -------------------------------------------------------------------------------
 
 def test_start_and_stop(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("INHERITED_MARKER", "yes")

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from harness.ccnesterov import CCNesterov
-from harness.optim import FUSED, OPTIMIZERS, build_optimizer, load_optimizer_state
+from harness.training.ccnesterov import CCNesterov
+from harness.training.optim import FUSED, OPTIMIZERS, build_optimizer, load_optimizer_state
 
 LR, CURVATURE = 0.1, 2.0  # f(x) = CURVATURE / 2 * |x|^2, so grad = CURVATURE * x
 

@@ -6,7 +6,7 @@ import torch
 from conftest import has_gpus
 from data_files import make_image_folder, make_token_files
 from harness.checkout.datasets import open_data
-from harness.pipeline import StreamedBatches
+from harness.data.pipeline import StreamedBatches
 from test_train_streamed import stop_and_resume
 
 pytestmark = pytest.mark.gpu

@@ -2,7 +2,7 @@
 import pytest
 
 from harness import Parent
-from harness.placement import assign, resolve_gpus
+from harness.launch.placement import assign, resolve_gpus
 
 
 @pytest.mark.parametrize("n, gpus, expected", [

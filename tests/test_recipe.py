@@ -9,11 +9,11 @@ import signal
 import pytest
 import torch
 
-from harness.flat import FlatParameters
-from harness.metrics import read_metrics
-from harness.schedule import learning_rate
-from harness.step import TrainStep, clip_grad_norm
-from harness.sync import BucketedGradientAveraging
+from harness.collectives.flat import FlatParameters
+from harness.training.metrics import read_metrics
+from harness.training.schedule import learning_rate
+from harness.training.step import TrainStep, clip_grad_norm
+from harness.collectives.sync import BucketedGradientAveraging
 from test_interrupt import interrupt
 from test_sync import RecordingComm, _model
 from test_train import flat_params, run_train, train_error

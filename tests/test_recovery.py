@@ -9,9 +9,9 @@ import signal
 import torch
 
 from conftest import descendants, harness_children, kill_quietly
-from harness.checkpoint import load_checkpoint
-from harness.metrics import read_metrics
-from harness.saver import BackgroundSaver
+from harness.resilience.checkpoint import load_checkpoint
+from harness.training.metrics import read_metrics
+from harness.resilience.saver import BackgroundSaver
 from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
 from test_train import flat_params, run_train
 

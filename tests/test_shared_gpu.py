@@ -8,7 +8,7 @@ import Train
 from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
 from conftest import has_gpus
 from harness import Parent
-from harness.mps import MpsDaemon
+from harness.launch.mps import MpsDaemon
 from test_train import flat_params
 
 pytestmark = pytest.mark.gpu

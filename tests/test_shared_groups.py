@@ -10,7 +10,7 @@ import torch
 
 from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
 from harness import ChildError, Parent
-from harness.comm.hierarchical import HierarchicalCommunicator, local_groups
+from harness.collectives.hierarchical import HierarchicalCommunicator, local_groups
 
 
 def grouped(keys):
@@ -111,7 +111,7 @@ def test_a_dying_worker_of_a_shared_group_raises_childfailed(victim):
 
 
 def _train_in_groups(ctx, config, keys):
-    from harness.train import train_worker
+    from harness.training.loop import train_worker
     ctx.communicator = lambda backend=None, **options: grouped(keys)(ctx)
     return train_worker(ctx, config)
 

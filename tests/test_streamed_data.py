@@ -14,7 +14,7 @@ from conftest import descendants, wait_gone
 from data_files import make_token_files
 from harness.checkout.datasets import DataError, check_data, open_data
 from harness.checkout.datasets.imagefolder import random_resized_crop
-from harness.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_batches
+from harness.data.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_batches
 
 CROP = {"crop": 16, "resize": 20}
 
@@ -152,7 +152,7 @@ def test_factory_datasets_get_their_info_from_samples_and_classes(tmp_path, monk
 
 def test_reading_windows_does_not_pile_mapped_pages_onto_the_reader(tmp_path):
     """Without unmapping after each read, 3000 random windows of a 512 MB file map at least 3000 x 64 KB."""
-    from harness.metrics import worker_memory_mb
+    from harness.training.metrics import worker_memory_mb
     root = make_token_files(tmp_path, train_tokens=10, val_tokens=4096, vocab=64)
     np.random.default_rng(0).integers(0, 64, 256 << 20, dtype=np.uint16).tofile(root / "train.bin")
     train = open_data("tokens", str(root), block_size=64, vocab_size=64).train
@@ -203,7 +203,7 @@ def test_batched_crops_equal_per_image_resizes_with_flips_and_unequal_sizes():
 
 def test_uint8_token_ids_stay_ids_on_the_way_to_the_device():
     from harness.checkout.datasets import DataInfo
-    from harness.pipeline import to_device
+    from harness.data.pipeline import to_device
     dataset = type("Bytes", (), {"info": DataInfo("tokens", (4,), 256)})()
     ids = torch.tensor([[0, 7, 255, 3]], dtype=torch.uint8)
     (x, _), = to_device([(ids, ids)], torch.device("cpu"), dataset)
@@ -215,7 +215,7 @@ def test_loader_processes_end_with_a_training_process_killed_outright(tmp_path):
     script = textwrap.dedent("""
         import time, torch
         from harness.checkout.datasets import DataInfo
-        from harness.pipeline import evaluation_batches
+        from harness.data.pipeline import evaluation_batches
 
         class Quick(torch.utils.data.Dataset):
             info = DataInfo("vector", (2,), 2)

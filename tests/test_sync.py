@@ -2,9 +2,9 @@
 same result as all-reducing the whole flat gradient."""
 import torch
 
-from harness.comm.base import Work
-from harness.flat import FlatParameters
-from harness.sync import BucketedGradientAveraging
+from harness.collectives.base import Work
+from harness.collectives.flat import FlatParameters
+from harness.collectives.sync import BucketedGradientAveraging
 from test_train import flat_params, run_train
 
 

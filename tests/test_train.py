@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import Train
-from harness.checkpoint import load_checkpoint
+from harness.resilience.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

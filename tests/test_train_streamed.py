@@ -11,7 +11,7 @@ import pytest
 
 import Train
 from data_files import make_token_files
-from harness.checkpoint import load_checkpoint
+from harness.resilience.checkpoint import load_checkpoint
 from test_train import cli, flat_params, run_train
 
 FACTORY = textwrap.dedent("""

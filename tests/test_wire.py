@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import wire
+from harness.control import wire
 
 
 def _address(buffer) -> int:

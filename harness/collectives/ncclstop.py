@@ -12,7 +12,7 @@ it is destroyed, so kernels still queued behind them (a CUDA graph's, say) find 
 return; the communicator is destroyed once the device has drained (``NcclCommunicator._close``).
 Older NCCL has no revoke: cupy's abort it is, GIL and all. The outputs of stopped collectives are
 undefined: they hold stale values that look plausible, which is why each update
-of a healing GPU worker is guarded by a ticket that names its step (harness/heal.py).
+of a healing GPU worker is guarded by a ticket that names its step (harness/resilience/heal.py).
 
 cupy keeps the ``ncclComm_t`` in a C field with no accessor; ``comm_pointer`` finds it in the
 object's memory, trusting only a word that points at NCCL's start-of-communicator magic.
@@ -60,7 +60,7 @@ def comm_pointer(comm: Any) -> int | None:
 def can_revoke() -> bool:
     """Whether the NCCL this process loaded has ``ncclCommRevoke``. Without it a stopped communicator is
     freed at once (cupy's abort), under any CUDA graph that captured it: freeing that graph afterwards
-    touches freed memory, so a GPU worker that heals then runs its step eagerly (harness/train.py)."""
+    touches freed memory, so a GPU worker that heals then runs its step eagerly (harness/training/loop.py)."""
     lib = library()
     return lib is not None and version(lib) >= REVOKE_SINCE and hasattr(lib, "ncclCommRevoke")
 

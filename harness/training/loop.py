@@ -9,7 +9,7 @@ loss are reduced over all ranks, so every rank takes the same early-stopping dec
 A run lasts ``--epochs`` or ``--max-steps`` updates and may be saved every N steps, mid-epoch.
 A checkpoint records (epoch, step, position in the epoch) and every rank's random generators, so
 "train 1000 steps" equals "train 600, stop, resume, train 400": the data order and each sample's
-augmentation are functions of (seed, epoch, index) (harness/pipeline.py), not of the run's history.
+augmentation are functions of (seed, epoch, index) (harness/data/pipeline.py), not of the run's history.
 """
 from __future__ import annotations
 
@@ -22,19 +22,19 @@ from typing import Any, Iterable
 
 import torch
 
-from . import timeline
-from .checkpoint import load_checkpoint, rng_state, set_rng_state
-from .comm import ncclstop
-from .flat import FlatParameters
-from .heal import Ticket, Where, hand_over, rejoin, rewind
-from .interrupt import StopVote
+from harness.control import timeline
+from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state
+from harness.collectives import ncclstop
+from harness.collectives.flat import FlatParameters
+from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
+from harness.resilience.interrupt import StopVote
 from .metrics import worker_memory_mb
 from .optim import build_optimizer, load_optimizer_state
-from .pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
-from .saver import BackgroundSaver
+from harness.data.pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
+from harness.resilience.saver import BackgroundSaver
 from .schedule import is_constant, learning_rate
 from .step import make_capturable, make_step
-from .sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
+from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
 MEMORY_EVERY_S = 5.0        # and measures its memory (worker and loader processes) at most this often
@@ -42,7 +42,7 @@ MEMORY_EVERY_S = 5.0        # and measures its memory (worker and loader process
 
 def load_data(config: dict) -> Any:
     """The run's train / validation / test splits (``datasets.Data``); streamed ones are only scanned."""
-    from .checkout.datasets import open_data
+    from harness.checkout.datasets import open_data
     return open_data(config["dataset"], config["data_dir"], seed=config["seed"],
                      val_fraction=config["val_fraction"], **config["dataset_options"])
 
@@ -77,7 +77,7 @@ def autocast(config: dict, device: torch.device):
 def evaluate(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
              config: dict, device: torch.device) -> tuple[float, float, int]:
     """(summed loss, correct predictions, predictions counted) over the batches."""
-    from .checkout.models import loss_fn
+    from harness.checkout.models import loss_fn
     was_training = model.training
     model.eval()
     loss = correct = count = 0.0
@@ -112,7 +112,7 @@ def make_batches(split: Any, config: dict, rank: int, world: int, device: torch.
 
 def train_worker(ctx: Any, config: dict) -> dict:
     """Runs in every child. Returns a summary with the final parameter checksum."""
-    from .checkout.models import loss_fn
+    from harness.checkout.models import loss_fn
 
     device = ctx.device
     if device.type == "cuda":
@@ -213,8 +213,8 @@ def train_worker(ctx: Any, config: dict) -> dict:
     def attach(start: bool) -> tuple[Synchroniser, StopVote, Any]:
         """What keeps this rank in step through ``comm``: the synchroniser (``start``: first making every
         replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator;
-        GPU workers that heal guard each update with a ticket, harness/heal.py, and graph their step only
-        where NCCL can revoke a communicator, harness/comm/ncclstop.py)."""
+        GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their step only
+        where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
         sync = make_synchroniser(config, comm, flat, optimizer)
         if start:
             sync.start()
@@ -226,7 +226,7 @@ def train_worker(ctx: Any, config: dict) -> dict:
             accum=config["grad_accum"], ticket=ticket)
 
     def heal(where: Where | None, phases: dict, queued: int | None = None) -> None:
-        """This rank's part once the group has a replacement for a dead rank (harness/heal.py): take the
+        """This rank's part once the group has a replacement for a dead rank (harness/resilience/heal.py): take the
         donor's state and place, and go on from there. ``where`` is None on the replacement itself.
         ``phases``: when this rank reached each phase of the heal; ``queued``: updates it had issued past
         the last one applied. The lead reports every rank's."""

@@ -13,7 +13,7 @@ which every user of a host can read with ``ps``. Over ssh there is no environmen
 so they go as one JSON line on the session's stdin (``python -m harness.child --stdin``); the child
 then keeps reading stdin, and the session's end (the parent gone, its ssh client killed) ends it.
 srun hands the task its own environment. Remote clients start in their own session, so that the
-terminal's Ctrl-C reaches the parent alone, which forwards it as a message (harness/interrupt.py).
+terminal's Ctrl-C reaches the parent alone, which forwards it as a message (harness/resilience/interrupt.py).
 
 Every host needs the same Python environment at the same path (``sys.executable``) and the same
 checkout; a host without it fails at once, with a line naming the host and the path.
@@ -75,7 +75,7 @@ class Launcher:
 
     def address_of(self, host: str) -> str:
         """The name or address by which this machine reaches ``host``: the route to it picks the
-        address the parent listens on (harness/endpoint.py)."""
+        address the parent listens on (harness/control/endpoint.py)."""
         return host
 
 

@@ -3,7 +3,7 @@
 Local groups use ``ipc://`` in the parent's private directory (mode 0700: no other user can connect).
 A group on other hosts needs TCP. The parent binds to one address, never to every interface: the
 one the user names (``--control-address``) or else its own address on the route to the first host
-(its NodeAddr under Slurm), on a port the kernel picks. Every frame is HMAC-signed with the run's key either way (harness/wire.py),
+(its NodeAddr under Slurm), on a port the kernel picks. Every frame is HMAC-signed with the run's key either way (harness/control/wire.py),
 so a peer without the key can neither send nor forge. ``encrypt`` adds CurveZMQ on top, for a network
 others can listen on: the parent's socket is a CURVE server, and each child gets the server's public
 key and a keypair of its own, all in its environment (which over ssh travels on stdin).
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import zmq
 
-from .launch import Launcher, address_toward
+from harness.launch.launchers import Launcher, address_toward
 
 
 def bind(context: zmq.Context, launcher: Launcher, directory: Path, name: str, address: str | None = None,

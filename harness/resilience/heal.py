@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 import torch
 
-from .flat import FlatParameters
+from harness.collectives.flat import FlatParameters
 
 RECOVERY_GRACE = 5.0    # seconds a rank whose collective failed waits to hear that a peer died
 

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from .comm import Communicator
+from .base import Communicator
 from .flat import FlatParameters
 
 

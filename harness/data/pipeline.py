@@ -29,8 +29,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from .checkout.datasets import Split
-from .checkout.datasets.sharding import epoch_seed, shard_indices
+from harness.checkout.datasets import Split
+from harness.checkout.datasets.sharding import epoch_seed, shard_indices
 
 PR_SET_PDEATHSIG = 1        # linux/prctl.h: a signal this process gets when its parent dies
 

@@ -29,11 +29,11 @@ from typing import Any, Callable
 
 import torch
 
-from .flat import FlatParameters
-from .sync import Synchroniser
+from harness.collectives.flat import FlatParameters
+from harness.collectives.sync import Synchroniser
 
 WARMUP_STEPS = 3
-# Updates a GPU worker that heals may have queued on the device ahead of the host (harness/heal.py).
+# Updates a GPU worker that heals may have queued on the device ahead of the host (harness/resilience/heal.py).
 HEAL_DEPTH = int(os.environ.get("HARNESS_HEAL_DEPTH", "2"))
 
 

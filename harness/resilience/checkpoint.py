@@ -29,7 +29,7 @@ def write_atomically(path: Path, obj: object) -> None:
     system), is fsynced before the rename so the rename cannot overtake the data, and the directory is
     fsynced after it so the rename itself survives a power cut. The temp file is removed on any failure;
     a writer killed mid-write cannot remove its own, so a successful write removes what such writers
-    left of this path (never two writes to one path at once: harness/saver.py).
+    left of this path (never two writes to one path at once: harness/resilience/saver.py).
     """
     prefix = f".{path.name}."
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")

@@ -10,8 +10,8 @@ allocator from reusing the buffers before NCCL is done with them.
 The unique id is made once by rank 0 and handed to the others over the control plane.
 ``abort()`` is safe from another thread: the parent's failure notice calls it from the
 housekeeping thread, so a kernel waiting on a dead peer returns. It revokes the communicator
-without holding the GIL where NCCL can (harness/comm/ncclstop.py), and the rank may go on
-(healing, harness/heal.py): the revoked communicator is destroyed when it is closed, after the
+without holding the GIL where NCCL can (harness/collectives/ncclstop.py), and the rank may go on
+(healing, harness/resilience/heal.py): the revoked communicator is destroyed when it is closed, after the
 device has run what was queued behind its collectives. Without revoke it is cupy's ncclCommAbort.
 """
 from __future__ import annotations

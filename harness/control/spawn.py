@@ -3,7 +3,7 @@ keeps of it, and the warm spare.
 
 ``Children`` (harness/parent.py) decides *when* a child starts (at fork, or in a dead rank's place);
 this module knows *how*. A child is a fresh interpreter (``python -m harness.child``) started by the
-group's launcher (harness/launch.py) with everything it needs in its environment: the endpoint and
+group's launcher (harness/launch/launchers.py) with everything it needs in its environment: the endpoint and
 key to reach the parent, its rank, its GPU, the parent's ``sys.path``. Its stderr is read by a
 thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept for the error that
 reports its death.
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import placement
-from .launch import Launcher
+from harness.launch import placement
+from harness.launch.launchers import Launcher
 from .link import identity_of
 
 STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFailed

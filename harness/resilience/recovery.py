@@ -2,7 +2,7 @@
 
 ``Recovery`` holds the run's budget, ``--max-restarts N`` failures survived, and spends it two ways:
 
-- ``heal(kids, failure)``: the parent's side of healing in place (harness/heal.py is the workers'
+- ``heal(kids, failure)``: the parent's side of healing in place (harness/resilience/heal.py is the workers'
   side). The group was forked with ``heal=True``, so the survivors are still alive with their
   replicas; a replacement is started for the dead rank (``Children.replace``) and the survivors
   hand it their state. The workers' "healed" report ends the heal (``healed`` turns it into the
@@ -12,8 +12,8 @@
   itself is restarted from the checkpoint instead.
 - ``run(attempt, config)``: calls ``attempt(config)`` and, when a worker dies or stops responding
   (``ChildFailed``, the group stopped), calls it again with ``config["resume"]`` pointing at the
-  last checkpoint this run wrote. A resume is exact (harness/train.py), so what is lost is the
-  updates since that checkpoint: save often (``--save-every-steps``; harness/saver.py writes in the
+  last checkpoint this run wrote. A resume is exact (harness/training/loop.py), so what is lost is the
+  updates since that checkpoint: save often (``--save-every-steps``; harness/resilience/saver.py writes in the
   background) and little is.
 
 Only deaths and hangs are survived. An exception in the training code (``ChildError``) would
@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-from .parent import ChildFailed, Children
+from harness.parent import ChildFailed, Children
 
 T = TypeVar("T")
 

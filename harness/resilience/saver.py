@@ -2,7 +2,7 @@
 
 ``save(path, state)`` takes a snapshot of every tensor in ``state`` and returns: on a GPU the
 snapshot is an asynchronous copy into pinned host buffers, kept from one save to the next; on the
-CPU, a clone. A thread then waits for the copy, writes the file (harness/checkpoint.py: temporary
+CPU, a clone. A thread then waits for the copy, writes the file (harness/resilience/checkpoint.py: temporary
 file, fsync, atomic rename, so a crash mid-write leaves the previous checkpoint whole) and calls
 ``done``. Never two writes at once: a save waits for the one before it, which also makes reusing
 the host buffers safe. ``wait()`` returns once the last write is on disk and raises its error.

@@ -10,7 +10,7 @@ while a failed operation is still referenced somewhere in C++), and a peer block
 freed when our connections close. So ``abort()`` shuts down the TCP connections the process group
 opened (noted when it was made, from /proc/self/fd): a collective blocked here fails at once, and
 so does every peer's that waits on this rank. That is what lets the survivors of a dead rank all
-reach the point where they heal (harness/heal.py). Should a wait still be stuck ABORT_GRACE
+reach the point where they heal (harness/resilience/heal.py). Should a wait still be stuck ABORT_GRACE
 seconds later, this process ends itself rather than wait out gloo's timeout.
 """
 from __future__ import annotations
