@@ -10,9 +10,9 @@
   redone). Healing is refused, and the failure raised, when it is off, when the budget is spent,
   or when another failure comes while a heal is under way: a group that broke while mending
   itself is restarted from the checkpoint instead.
-- ``run(attempt, config)``: calls ``attempt(config)`` and, when a worker dies or stops responding
-  (``ChildFailed``, the group stopped), calls it again with ``config["resume"]`` pointing at the
-  last checkpoint this run wrote. A resume is exact (harness/training/loop.py), so what is lost is the
+- ``run(attempt)``: calls ``attempt(resume)`` and, when a worker dies or stops responding
+  (``ChildFailed``, the group stopped), calls it again with ``resume`` the last checkpoint this run
+  wrote. A resume is exact (harness/training/loop.py), so what is lost is the
   updates since that checkpoint: save often (``--save-every-steps``; harness/resilience/saver.py writes in the
   background) and little is.
 
@@ -39,23 +39,28 @@ class GaveUp(RuntimeError):
 
 
 class Recovery:
-    """``config``: a run's "max_restarts", "heal" and "resume"; ``last_saved()``: the last checkpoint the
-    run wrote, if any; ``report(record)``: where restart records go (the metrics log)."""
+    """Args:
+        limit: how many failures the run survives (``--max-restarts``).
+        heals_in_place: a failure is healed in place while the budget lasts (else the group restarts).
+        resume: the checkpoint the run started from, if any (where a restart goes before any save).
+        last_saved: returns the last checkpoint the run wrote, if any.
+        report: where restart records go (the metrics log)."""
 
-    def __init__(self, config: dict, last_saved: Callable[[], str | None], report: Callable[[dict], None]):
-        self.limit, self.heals_in_place = config["max_restarts"], config["heal"]
+    def __init__(self, limit: int, heals_in_place: bool, resume: str | None,
+                 last_saved: Callable[[], str | None], report: Callable[[dict], None]):
+        self.limit, self.heals_in_place = limit, heals_in_place
         self.used = 0
-        self._config, self._last_saved, self._report = config, last_saved, report
+        self._resume, self._last_saved, self._report = resume, last_saved, report
         self._healing: tuple[ChildFailed, float] | None = None     # the failure being healed, and when
         self._unhealed: str | None = None       # why the last failure was not healed in place
 
-    def run(self, attempt: Callable[[dict], T]) -> T:
-        """``attempt(config)``, restarted from the last checkpoint (or the run's own starting point, when
+    def run(self, attempt: Callable[[str | None], T]) -> T:
+        """``attempt(resume)``, restarted from the last checkpoint (or the run's own starting point, when
         it has saved nothing yet) after each ``ChildFailed`` while the budget lasts."""
-        config = self._config
+        resume = self._resume
         while True:
             try:
-                return attempt(config)
+                return attempt(resume)
             except ChildFailed as failure:
                 self._healing = None
                 if self.used == self.limit:
@@ -63,12 +68,11 @@ class Recovery:
                         raise GaveUp(failure, self.limit) from failure
                     raise
                 self.used += 1
-                resume = self._last_saved() or self._config["resume"]
+                resume = self._last_saved() or self._resume
                 self._report({"event": "restart", "restart": self.used, "max_restarts": self.limit,
                               "rank": failure.rank, "cause": failure.reason, "resume": resume,
                               **({"not_healed": self._unhealed} if self._unhealed else {})})
                 self._unhealed = None
-                config = {**self._config, "resume": resume}
 
     def heal(self, kids: Children, failure: ChildFailed) -> None:
         """Replace the failed rank and let the survivors heal it; raises ``failure`` (the group

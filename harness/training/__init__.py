@@ -1,8 +1,16 @@
-"""Training: the worker's loop (``loop``), the step (``step``: eager, graphed or compiled), optimizers
-(``optim``, ``ccnesterov``), learning-rate schedules (``schedule``) and the run's metrics (``metrics``).
+"""Training: a run's configuration (``config``: the TrainConfig dataclass; ``flags``: Train.py's
+argparse groups over it; ``checks``: every check, before any worker trains), the parent's side
+(``driver``: start the workers, train, recover; ``progress``: the bar and the log) and the worker's
+(``loop``: the epoch loop; ``build``: data, model, optimizer, synchroniser; ``step``: eager, graphed
+or compiled; ``optim``, ``ccnesterov``, ``schedule``; ``evaluation``: validation and Test.py).
+
+From Python, ``run(TrainConfig(...))`` does what Train.py does and returns the workers' summaries.
 
 Imports the collectives, the data pipeline and resilience; never the control plane's internals
-(it talks to the parent through the ``Context`` a child is given). The modules are imported where
-used: the parent imports parts of this package before torch.
+(a worker talks to the parent through its ``Context``). Importing this front does not import torch:
+the parent starts its workers before it imports torch itself.
 """
-__all__ = ["ccnesterov", "loop", "metrics", "optim", "schedule", "step"]
+from .config import ConfigError, TrainConfig
+from .driver import run
+
+__all__ = ["ConfigError", "TrainConfig", "run"]

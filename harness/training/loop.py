@@ -1,4 +1,4 @@
-"""The worker's training loop: one readable loop, run in every child by Train.py.
+"""The worker's training loop, run in every child by Train.py (``train_worker``).
 
 Each rank builds the same model from the same seed, trains on its shard (positions r, r+N, ...
 of one seeded permutation per epoch, so N workers with batch b see exactly the samples one
@@ -6,327 +6,330 @@ worker with batch N*b would), and keeps in step through a Synchroniser. Rank 0 r
 progress to the parent with ``ctx.send`` and writes checkpoints; validation and the epoch's
 loss are reduced over all ranks, so every rank takes the same early-stopping decision.
 
-A run lasts ``--epochs`` or ``--max-steps`` updates and may be saved every N steps, mid-epoch.
+A run lasts ``epochs`` or ``max_steps`` updates and may be saved every N steps, mid-epoch.
 A checkpoint records (epoch, step, position in the epoch) and every rank's random generators, so
 "train 1000 steps" equals "train 600, stop, resume, train 400": the data order and each sample's
 augmentation are functions of (seed, epoch, index) (harness/data/pipeline.py), not of the run's history.
+
+Reading order: ``train_worker`` -> ``Worker.train`` (the run) -> ``Worker.epoch`` (one epoch) ->
+``Worker.update`` (one update and its reports); ``validate``, ``save`` and ``heal`` are named steps
+the loop takes. Where the run stands is one dataclass, ``RunState``.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import signal
 import time
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from harness.control import timeline
-from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state
 from harness.collectives import ncclstop
 from harness.collectives.flat import FlatParameters
+from harness.control import timeline
+from harness.data.pipeline import evaluation_batches
+from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
 from harness.resilience.interrupt import StopVote
-from .metrics import worker_memory_mb
-from .optim import build_optimizer, load_optimizer_state
-from harness.data.pipeline import ResidentBatches, StreamedBatches, evaluation_batches, is_streamed
 from harness.resilience.saver import BackgroundSaver
-from .schedule import is_constant, learning_rate
-from .step import make_capturable, make_step
-from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
+from harness.training.build import autocast, build, load_data, make_batches, make_synchroniser
+from harness.training.config import TrainConfig
+from harness.training.evaluation import evaluate
+from harness.training.metrics import worker_memory_mb
+from harness.training.optim import load_optimizer_state
+from harness.training.schedule import is_constant, learning_rate
+from harness.training.step import make_step
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
 MEMORY_EVERY_S = 5.0        # and measures its memory (worker and loader processes) at most this often
 
 
-def load_data(config: dict) -> Any:
-    """The run's train / validation / test splits (``datasets.Data``); streamed ones are only scanned."""
-    from harness.checkout.datasets import open_data
-    return open_data(config["dataset"], config["data_dir"], seed=config["seed"],
-                     val_fraction=config["val_fraction"], **config["dataset_options"])
+@dataclass
+class RunState:
+    """Where this rank's run stands: epochs completed, updates done, batches done in the current
+    epoch, the early-stopping record, why it stops (None: it goes on), the update last saved and the
+    signal that interrupted it (0: none)."""
+    epoch: int = 0
+    step: int = 0
+    position: int = 0
+    best_error: float = math.inf
+    stale: int = 0
+    stop: str | None = None
+    saved_at: int | None = None
+    interrupted: int = 0
+
+    def where(self) -> Where:
+        return Where(self.epoch, self.step, self.position, self.best_error, self.stale)
+
+    def go_to(self, place: Where, steps_per_epoch: int) -> None:
+        """Continue from ``place`` (a heal's donor's): its epoch and update, nothing saved since."""
+        self.epoch, self.step, self.position = place.epoch, place.step, place.position
+        self.best_error, self.stale, self.saved_at = place.best_error, place.stale, place.step
+        if self.position == steps_per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
 
 
-def make_model(config: dict, info: Any, device: torch.device) -> torch.nn.Module:
-    """The run's model, initialised from its seed (every rank builds the same one)."""
-    from harness.checkout.models import build_model
-    torch.manual_seed(config["seed"])
-    model = build_model(config["model"], info, **config["model_options"]).to(device)
-    if device.type == "cuda" and info.kind == "image":
-        model = model.to(memory_format=torch.channels_last)
-    return model
-
-
-def build(config: dict, info: Any, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = make_model(config, info, device)
-    optimizer = build_optimizer(config["optimizer"], model.parameters(), lr=config["lr"],
-                                momentum=config["momentum"], weight_decay=config["weight_decay"],
-                                nesterov=config["nesterov"], impl=config["optimizer_impl"])
-    if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
-        make_capturable(optimizer)
-    return model, optimizer
-
-
-def autocast(config: dict, device: torch.device):
-    if config["amp"] == "bf16":     # no cache of cast weights: a CUDA graph would replay stale ones
-        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-             config: dict, device: torch.device) -> tuple[float, float, int]:
-    """(summed loss, correct predictions, predictions counted) over the batches."""
-    from harness.checkout.models import loss_fn
-    was_training = model.training
-    model.eval()
-    loss = correct = count = 0.0
-    for xb, yb in batches:
-        with autocast(config, device):
-            out = model(xb)
-        loss += loss_fn(out.float(), yb).item() * len(xb)
-        correct += (out.argmax(-1) == yb).sum().item()
-        count += yb.numel()
-    model.train(was_training)
-    return loss, correct, count
-
-
-def make_synchroniser(config: dict, comm: Any, flat: FlatParameters, optimizer: torch.optim.Optimizer) -> Synchroniser:
-    if config["mode"] == "param":
-        return ParameterAveraging(comm, flat, config["avg_every"], optimizer if config["avg_optimizer_state"] else None)
-    if config["grad_sync"] == "flat":
-        return GradientAveraging(comm, flat)
-    reduce_dtype = torch.bfloat16 if config["reduce_dtype"] == "bf16" else None
-    return BucketedGradientAveraging(comm, flat, config["bucket_mb"], reduce_dtype)
-
-
-def make_batches(split: Any, config: dict, rank: int, world: int, device: torch.device) -> Any:
-    """An update's batches: with --grad-accum K, K micro-batches in one, which the step cuts apart. Rank r
-    takes positions r, r+N, ... of the epoch's order, so the N workers' K micro-batches together are
-    exactly one worker's batch of N*K*b."""
-    batch = config["batch_size"] * config["grad_accum"]
-    if is_streamed(split):
-        return StreamedBatches(split, rank, world, batch, config["seed"], device, config["data_workers"])
-    return ResidentBatches(split, rank, world, batch, config["seed"], device)
-
-
-def train_worker(ctx: Any, config: dict) -> dict:
+def train_worker(ctx: Any, config: TrainConfig) -> dict:
     """Runs in every child. Returns a summary with the final parameter checksum."""
-    from harness.checkout.models import loss_fn
+    return Worker(ctx, config).train()
 
-    device = ctx.device
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config["tf32"]
-    rank, world, lead = ctx.rank, ctx.world_size, ctx.rank == 0
-    marks = {**ctx.marks, "exec": time.time()}
-    data = load_data(config)
-    timeline.mark(marks, "data")
-    replacing = ctx.replacing is not None     # a dead rank's replacement: the survivors hand it their state
-    state = load_checkpoint(config["resume"], map_location=device) if config["resume"] and not replacing else None
-    # Where the data stands: epochs completed, updates done, and batches done in the current epoch.
-    epoch, step, position = (state["epoch"], state["step"], state.get("position", 0)) if state else (0, 0, 0)
-    batches = make_batches(data.train, config, rank, world, device)
-    ctx.own(batches)
-    stream = batches.epoch(epoch, position)     # loader processes start now, while the model is built
-    model, optimizer = build(config, data.info, device)
-    flat = FlatParameters(model)
-    # --compile: the training step runs the compiled model. It is compiled over the flat views, and the
-    # gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
-    forward = torch.compile(model) if config["compile"] else model
-    timeline.mark(marks, "model")
-    comm = ctx.communicator()
-    timeline.mark(marks, "communicator")
-    if state:
-        model.load_state_dict(state["model"])
-        load_optimizer_state(optimizer, state["optimizer"])
-        if position:        # mid-epoch: dropout and the like go on from where the generators were
-            set_rng_state(state["rng"][rank], device)
-    interrupted = 0
 
-    if position >= batches.steps_per_epoch:
-        raise ValueError(f"--resume {config['resume']} stopped after batch {position} of an epoch, but an epoch "
-                         f"has {batches.steps_per_epoch} batches now; resume with the data it was trained on")
-    total = config["max_steps"] or config["epochs"] * batches.steps_per_epoch
-    samples_per_update = config["batch_size"] * config["grad_accum"] * world
-    best_error, stale = state.get("early_stop", (math.inf, 0)) if state else (math.inf, 0)
-    stop, saved_at = None, step if state else None
-    last_report, memory, memory_at, first = time.monotonic(), None, -math.inf, step + 1
+class Worker:
+    """One rank's run: what it built (data, model, optimizer, communicator) and where it stands."""
 
-    def validate() -> float | None:
-        nonlocal best_error, stale, stop
-        if data.val is None:
-            return None
-        sync.finish()
-        # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
-        _, correct, count = evaluate(model, evaluation_batches(data.val, rank, world, config["batch_size"], device,
-                                                               config["data_workers"]), config, device)
-        totals = torch.tensor([correct, count], dtype=torch.float64, device=device)
-        comm.all_reduce(totals)
-        error = 1.0 - (totals[0] / totals[1]).item()
-        if error < best_error - 1e-12:
-            best_error, stale = error, 0
+    def __init__(self, ctx: Any, config: TrainConfig):
+        self.ctx, self.config, self.device = ctx, config, ctx.device
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.tf32
+        self.rank, self.world, self.lead = ctx.rank, ctx.world_size, ctx.rank == 0
+        self.marks = {**ctx.marks, "exec": time.time()}
+        self.data = load_data(config)
+        timeline.mark(self.marks, "data")
+        replacing = ctx.replacing is not None     # a dead rank's replacement: the survivors hand it their state
+        saved = load_checkpoint(config.resume, map_location=self.device) if config.resume and not replacing else None
+        self.state = RunState(saved["epoch"], saved["step"], saved.get("position", 0),
+                              *saved.get("early_stop", (math.inf, 0)), saved_at=saved["step"]) if saved else RunState()
+        self.batches = make_batches(self.data.train, config, self.rank, self.world, self.device)
+        ctx.own(self.batches)
+        self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
+        self.model, self.optimizer = build(config, self.data.info, self.device)
+        self.flat = FlatParameters(self.model)
+        # compile: the training step runs the compiled model. It is compiled over the flat views, and the
+        # gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
+        self.forward = torch.compile(self.model) if config.compile else self.model
+        timeline.mark(self.marks, "model")
+        self.comm = ctx.communicator()
+        timeline.mark(self.marks, "communicator")
+        if saved:
+            self._restore(saved)
+        self.saver = BackgroundSaver()
+        ctx.own(self.saver)
+        self.total = config.max_steps or config.epochs * self.batches.steps_per_epoch
+        self.samples_per_update = config.batch_size * config.grad_accum * self.world
+        self.first = self.state.step + 1
+        self.last_report, self.memory, self.memory_at = time.monotonic(), None, -math.inf
+        self.example = self._graph_example()
+        self.scheduled = not is_constant(config.lr_schedule, config.warmup_steps)   # a graph would freeze the lr
+        if replacing:
+            self.heal(None, self.marks)
         else:
-            stale += 1
-        if config["target_error"] is not None and error <= config["target_error"]:
-            stop = f"validation error {error:.2%} reached the target {config['target_error']:.2%}"
-        elif config["patience"] and stale >= config["patience"]:
-            stop = f"no improvement in {stale} validations (patience {config['patience']})"
-        if lead:
-            ctx.send({"event": "validation", "epoch": epoch, "step": step, "val_error": error})
-        return error
+            self.attach(start=True)
 
-    saver = BackgroundSaver()
-    ctx.own(saver)
+    def _restore(self, saved: dict) -> None:
+        self.model.load_state_dict(saved["model"])
+        load_optimizer_state(self.optimizer, saved["optimizer"])
+        if self.state.position:        # mid-epoch: dropout and the like go on from where the generators were
+            set_rng_state(saved["rng"][self.rank], self.device)
+        if self.state.position >= self.batches.steps_per_epoch:
+            raise ValueError(f"--resume {self.config.resume} stopped after batch {self.state.position} of an epoch, "
+                             f"but an epoch has {self.batches.steps_per_epoch} batches now; resume with the data "
+                             "it was trained on")
 
-    def save() -> None:
-        """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
-        rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
-        nonlocal saved_at
-        if not config["save"] or saved_at == step:
-            return
-        sync.finish()
-        if train_step.ticket is not None and train_step.ticket.applied() != step:
-            raise RuntimeError(f"update {step} did not complete on every rank")     # a peer died: heal
-        generators = ctx.exchange(ctx.unique_tag("rng"), rng_state(device))
-        if lead:
-            saved = {"event": "saved", "epoch": epoch, "step": step, "path": config["save"]}
-            saver.save(config["save"], {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "epoch": epoch, "step": step, "position": position,
-                                        "rng": generators, "early_stop": (best_error, stale), "config": config},
-                       done=lambda: ctx.send(saved))
-        saved_at = step
+    def _graph_example(self) -> tuple | None:
+        """A CUDA graph's static inputs: the first batch, put back in front of the stream."""
+        if self.config.cuda_graph is False or self.device.type != "cuda":
+            return None
+        example = next(self.stream)
+        self.stream = itertools.chain([example], self.stream)
+        return example
 
-    def save_due() -> bool:
-        return bool(config["save_every_steps"]) and step % config["save_every_steps"] == 0
-
-    example = None
-    if config["cuda_graph"] is not False and device.type == "cuda":    # the graph's static inputs: the first batch
-        example = next(stream)
-        stream = itertools.chain([example], stream)
-    scheduled = not is_constant(config["lr_schedule"], config["warmup_steps"])   # a graph would freeze the lr
-
-    def reseed(*where: int) -> None:
-        """This rank's generators, from (seed, rank, *where): each rank's own, the same after a resume."""
-        torch.manual_seed(hash((config["seed"], rank, *where)) & (2**63 - 1))
-
-    def attach(start: bool) -> tuple[Synchroniser, StopVote, Any]:
+    def attach(self, start: bool) -> None:
         """What keeps this rank in step through ``comm``: the synchroniser (``start``: first making every
         replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator;
-        GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their step only
-        where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
-        sync = make_synchroniser(config, comm, flat, optimizer)
+        GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their
+        step only where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
+        from harness.checkout.models import loss_fn
+        config = self.config
+        self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer)
         if start:
-            sync.start()
-        ticket = Ticket(comm, optimizer, step) if config["heal"] and device.type == "cuda" else None
-        graph = config["cuda_graph"] if not scheduled and (ticket is None or ncclstop.can_revoke()) else False
-        return sync, StopVote(ctx, comm, device), make_step(
-            forward, optimizer, flat, sync, loss_fn, lambda: autocast(config, device), graph, example=example,
-            say=lambda message: ctx.print(message) if lead else None, clip=config["clip_grad"],
-            accum=config["grad_accum"], ticket=ticket)
+            self.sync.start()
+        ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
+        graph = config.cuda_graph if not self.scheduled and (ticket is None or ncclstop.can_revoke()) else False
+        self.vote = StopVote(self.ctx, self.comm, self.device)
+        self.train_step = make_step(
+            self.forward, self.optimizer, self.flat, self.sync, loss_fn, lambda: autocast(config, self.device), graph,
+            example=self.example, say=lambda message: self.ctx.print(message) if self.lead else None,
+            clip=config.clip_grad, accum=config.grad_accum, ticket=ticket)
 
-    def heal(where: Where | None, phases: dict, queued: int | None = None) -> None:
-        """This rank's part once the group has a replacement for a dead rank (harness/resilience/heal.py): take the
-        donor's state and place, and go on from there. ``where`` is None on the replacement itself.
+    def train(self) -> dict:
+        """Epoch after epoch until the run's length or a stop; a failed collective heals the group (when
+        the run heals in place) and the loop goes on from the donor's place."""
+        self.model.train()
+        while self.state.step < self.total and self.state.stop is None:
+            try:
+                self.epoch()
+            except RuntimeError as error:     # a collective failed: a dead peer (then heal), or this rank's own error
+                if not self.config.heal_in_place:
+                    raise
+                self.recover(error)
+        self.sync.finish()
+        self.saver.wait()
+        s = self.state
+        if self.lead:
+            self.ctx.send({"event": "done", "epoch": s.epoch, "step": s.step, "stop": s.stop,
+                           "signal": s.interrupted or None})
+        return {"rank": self.rank, "checksum": self.flat.checksum(), "step": s.step, "epoch": s.epoch,
+                "memory_mb": worker_memory_mb(), "marks": self.marks, "interrupted": s.interrupted or None}
+
+    def epoch(self) -> None:
+        """The rest of the current epoch (or of the run), then its loss, validation, report and save."""
+        s, config = self.state, self.config
+        if s.position == 0:   # dropout and other randomness: different on each rank, the same after a resume
+            self.reseed(s.epoch)
+        stream, self.stream = self.stream or self.batches.epoch(s.epoch, s.position), None
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        started, val_error, done = time.monotonic(), None, 0
+        for x, y in stream:
+            loss = self.update(x, y)
+            done += 1
+            loss_sum += loss.double()
+            self.report(loss, done, started)
+            if config.validate_every and s.step % config.validate_every == 0:
+                val_error = self.validate()
+            if self.save_due() and s.position < self.batches.steps_per_epoch:     # an epoch's end saves below
+                self.save()
+            if s.stop is not None or s.step >= self.total:
+                break
+        ended = s.position == self.batches.steps_per_epoch
+        if ended:
+            s.epoch, s.position = s.epoch + 1, 0
+        totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=self.device)])
+        self.comm.all_reduce(totals)
+        if not config.validate_every and s.stop is None and (ended or s.step >= self.total):
+            val_error = self.validate()
+        if self.lead and ended:
+            self.ctx.send({"event": "epoch", "epoch": s.epoch, "step": s.step,
+                           "train_loss": (totals[0] / totals[1]).item(), "val_error": val_error,
+                           "seconds": time.monotonic() - started, "lr": self.lr_at(s.step - 1)})
+        if s.stop is not None or s.step >= self.total or self.save_due() \
+                or (ended and config.save_every and s.epoch % config.save_every == 0):
+            self.save()
+
+    def update(self, x: Any, y: Any) -> torch.Tensor:
+        """One update (its micro-batches, the synchronisation, the optimizer), then the stop vote."""
+        s = self.state
+        if self.scheduled:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(s.step)
+        loss = self.train_step(x, y)
+        s.step, s.position = s.step + 1, s.position + 1
+        self.sync.after_step(s.step)
+        s.interrupted = s.interrupted or self.vote.poll(s.step)
+        if s.interrupted and s.stop is None:
+            s.stop = f"interrupted by {signal.Signals(s.interrupted).name}"
+        return loss
+
+    def report(self, loss: torch.Tensor, done: int, started: float) -> None:
+        """The first step's mark (one synchronisation, so that it is when the step really ended), and
+        rank 0's progress record every REPORT_EVERY_S."""
+        s = self.state
+        if s.step == self.first:
+            first_loss = loss.item()
+            timeline.mark(self.marks, "first_step")
+            if self.lead:
+                self.ctx.send({"event": "first_step", "step": s.step, "loss": first_loss})
+        if not self.lead or time.monotonic() - self.last_report < REPORT_EVERY_S:
+            return
+        self.last_report = time.monotonic()
+        if self.last_report - self.memory_at >= MEMORY_EVERY_S:
+            self.memory, self.memory_at = worker_memory_mb(), self.last_report
+        self.ctx.send({"event": "step", "epoch": s.epoch, "step": s.step, "loss": loss.item(), "rss_mb": self.memory,
+                       "samples_per_s": done * self.samples_per_update / (self.last_report - started),
+                       "lr": self.lr_at(s.step - 1),
+                       **({"grad_norm": self.train_step.grad_norm.item()} if self.config.clip_grad else {})})
+
+    def lr_at(self, update: int) -> float:
+        c = self.config
+        return learning_rate(update, c.lr, c.lr_schedule, self.total, c.warmup_steps, c.min_lr)
+
+    def reseed(self, *where: int) -> None:
+        """This rank's generators, from (seed, rank, *where): each rank's own, the same after a resume."""
+        torch.manual_seed(hash((self.config.seed, self.rank, *where)) & (2**63 - 1))
+
+    def validate(self) -> float | None:
+        """The validation error over every rank's share, and the early-stopping decision it makes."""
+        s, config = self.state, self.config
+        if self.data.val is None:
+            return None
+        self.sync.finish()
+        # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
+        batches = evaluation_batches(self.data.val, self.rank, self.world, config.batch_size, self.device,
+                                     config.data_workers)
+        _, correct, count = evaluate(self.model, batches, lambda: autocast(config, self.device))
+        totals = torch.tensor([correct, count], dtype=torch.float64, device=self.device)
+        self.comm.all_reduce(totals)
+        error = 1.0 - (totals[0] / totals[1]).item()
+        if error < s.best_error - 1e-12:
+            s.best_error, s.stale = error, 0
+        else:
+            s.stale += 1
+        if config.target_error is not None and error <= config.target_error:
+            s.stop = f"validation error {error:.2%} reached the target {config.target_error:.2%}"
+        elif config.patience and s.stale >= config.patience:
+            s.stop = f"no improvement in {s.stale} validations (patience {config.patience})"
+        if self.lead:
+            self.ctx.send({"event": "validation", "epoch": s.epoch, "step": s.step, "val_error": error})
+        return error
+
+    def save_due(self) -> bool:
+        every = self.config.save_every_steps
+        return bool(every) and self.state.step % every == 0
+
+    def save(self) -> None:
+        """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
+        rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
+        s, config = self.state, self.config
+        if not config.save or s.saved_at == s.step:
+            return
+        self.sync.finish()
+        ticket = self.train_step.ticket
+        if ticket is not None and ticket.applied() != s.step:
+            raise RuntimeError(f"update {s.step} did not complete on every rank")     # a peer died: heal
+        generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
+        if self.lead:
+            saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
+            self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                          "epoch": s.epoch, "step": s.step, "position": s.position,
+                                          "rng": generators, "early_stop": (s.best_error, s.stale),
+                                          "config": config.to_dict()},
+                            done=lambda: self.ctx.send(saved))
+        s.saved_at = s.step
+
+    def recover(self, error: RuntimeError) -> None:
+        """A collective failed: if a peer died, rejoin the group's next generation and heal from where the
+        GPU really stands (a ticket's count, which may be behind the CPU's); else re-raise ``error``."""
+        phases = {"failed": time.time()}
+        self.sync.close()
+        self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
+        timeline.mark(phases, "rejoined")
+        ticket, self.train_step, self.vote = self.train_step.ticket, None, None
+        if self.comm is None:
+            raise error
+        where = self.state.where()
+        if ticket is not None:
+            where = rewind(where, ticket.applied(), self.batches.steps_per_epoch)
+        self.heal(where, phases, queued=self.state.step - where.step)
+
+    def heal(self, where: Where | None, phases: dict, queued: int | None = None) -> None:
+        """This rank's part once the group has a replacement for a dead rank (harness/resilience/heal.py):
+        take the donor's state and place, and go on from there. ``where`` is None on the replacement itself.
         ``phases``: when this rank reached each phase of the heal; ``queued``: updates it had issued past
         the last one applied. The lead reports every rank's."""
-        nonlocal epoch, step, position, best_error, stale, sync, vote, train_step, stream, saved_at
         began = time.monotonic()
-        place, summary = hand_over(ctx, comm, flat, optimizer, where, average=config["mode"] == "param")
+        place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
+                                   average=self.config.mode == "param")
         timeline.mark(phases, "handed_over")
-        epoch, step, position = place.epoch, place.step, place.position
-        best_error, stale = place.best_error, place.stale
-        if position == batches.steps_per_epoch:
-            epoch, position = epoch + 1, 0
-        sync, vote, train_step = attach(start=False)
+        self.state.go_to(place, self.batches.steps_per_epoch)
+        self.attach(start=False)
         timeline.mark(phases, "attached")
-        stream, saved_at = None, step
-        reseed(epoch, step)
-        every = ctx.exchange("heal-phases", (phases, queued))
-        if lead:
-            ctx.send({"event": "healed", "step": step, "epoch": epoch, "generation": ctx.generation,
-                      "hand_over_s": time.monotonic() - began, "mode": config["mode"],
-                      "phases": [p for p, _ in every], "queued": [q for _, q in every], **summary})
-
-    if replacing:
-        heal(None, marks)
-    else:
-        sync, vote, train_step = attach(start=True)
-
-    def lr_at(update: int) -> float:
-        return learning_rate(update, config["lr"], config["lr_schedule"], total, config["warmup_steps"],
-                             config["min_lr"])
-
-    model.train()
-    while step < total and stop is None:
-        try:
-            if position == 0:   # dropout and other randomness: different on each rank, the same after a resume
-                reseed(epoch)
-            stream = stream or batches.epoch(epoch, position)
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            epoch_start, val_error, done = time.monotonic(), None, 0
-            for x, y in stream:
-                if scheduled:
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr_at(step)
-                loss = train_step(x, y)
-                step, position, done = step + 1, position + 1, done + 1
-                sync.after_step(step)
-                interrupted = interrupted or vote.poll(step)
-                if interrupted and stop is None:
-                    stop = f"interrupted by {signal.Signals(interrupted).name}"
-                loss_sum += loss.double()
-                if step == first:       # one synchronisation, so that the mark is when the step really ended
-                    first_loss = loss.item()
-                    timeline.mark(marks, "first_step")
-                    if lead:
-                        ctx.send({"event": "first_step", "step": step, "loss": first_loss})
-                if lead and time.monotonic() - last_report >= REPORT_EVERY_S:
-                    last_report = time.monotonic()
-                    if last_report - memory_at >= MEMORY_EVERY_S:
-                        memory, memory_at = worker_memory_mb(), last_report
-                    ctx.send({"event": "step", "epoch": epoch, "step": step, "loss": loss.item(), "rss_mb": memory,
-                              "samples_per_s": done * samples_per_update / (last_report - epoch_start),
-                              "lr": lr_at(step - 1),
-                              **({"grad_norm": train_step.grad_norm.item()} if config["clip_grad"] else {})})
-                if config["validate_every"] and step % config["validate_every"] == 0:
-                    val_error = validate()
-                if save_due() and position < batches.steps_per_epoch:     # an epoch's end saves below
-                    save()
-                if stop is not None or step >= total:
-                    break
-            stream = None
-            ended = position == batches.steps_per_epoch
-            if ended:
-                epoch, position = epoch + 1, 0
-            totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=device)])
-            comm.all_reduce(totals)
-            if not config["validate_every"] and stop is None and (ended or step >= total):
-                val_error = validate()
-            if lead and ended:
-                ctx.send({"event": "epoch", "epoch": epoch, "step": step, "train_loss": (totals[0] / totals[1]).item(),
-                          "val_error": val_error, "seconds": time.monotonic() - epoch_start, "lr": lr_at(step - 1)})
-            if stop is not None or step >= total or save_due() \
-                    or (ended and config["save_every"] and epoch % config["save_every"] == 0):
-                save()
-        except RuntimeError as error:     # a collective failed: a dead peer (then heal), or this rank's own error
-            if not config["heal"]:
-                raise
-            phases = {"failed": time.time()}
-            sync.close()
-            comm = rejoin(ctx, comm, error, forget=train_step.release)
-            timeline.mark(phases, "rejoined")
-            ticket, train_step, vote = train_step.ticket, None, None
-            if comm is None:
-                raise
-            where = Where(epoch, step, position, best_error, stale)
-            if ticket is not None:
-                where = rewind(where, ticket.applied(), batches.steps_per_epoch)
-            heal(where, phases, queued=step - where.step)
-
-    sync.finish()
-    saver.wait()
-    if lead:
-        ctx.send({"event": "done", "epoch": epoch, "step": step, "stop": stop, "signal": interrupted or None})
-    return {"rank": rank, "checksum": flat.checksum(), "step": step, "epoch": epoch, "memory_mb": worker_memory_mb(),
-            "marks": marks, "interrupted": interrupted or None}
+        self.stream = None
+        self.reseed(self.state.epoch, self.state.step)
+        every = self.ctx.exchange("heal-phases", (phases, queued))
+        if self.lead:
+            self.ctx.send({"event": "healed", "step": self.state.step, "epoch": self.state.epoch,
+                           "generation": self.ctx.generation, "hand_over_s": time.monotonic() - began,
+                           "mode": self.config.mode, "phases": [p for p, _ in every],
+                           "queued": [q for _, q in every], **summary})

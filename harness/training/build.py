@@ -1,0 +1,70 @@
+"""What a worker builds from a TrainConfig: its data, model, optimizer, synchroniser and batches.
+
+Every rank builds the same model from the same seed; the parent builds it too, on the meta device, to
+check the options (harness/training/checks.py), and Test.py builds it to evaluate a checkpoint.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from harness.collectives.flat import FlatParameters
+from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
+from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
+from harness.training.config import TrainConfig
+from harness.training.optim import build_optimizer
+from harness.training.step import make_capturable
+
+
+def load_data(config: TrainConfig) -> Any:
+    """The run's train / validation / test splits (``datasets.Data``); streamed ones are only scanned."""
+    from harness.checkout.datasets import open_data
+    return open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=config.val_fraction,
+                     **config.dataset_options)
+
+
+def make_model(config: TrainConfig, info: Any, device: torch.device) -> torch.nn.Module:
+    """The run's model, initialised from its seed (every rank builds the same one)."""
+    from harness.checkout.models import build_model
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, info, **config.model_options).to(device)
+    if device.type == "cuda" and info.kind == "image":
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build(config: TrainConfig, info: Any, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = make_model(config, info, device)
+    optimizer = build_optimizer(config.optimizer, model.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay, nesterov=config.nesterov, impl=config.optimizer_impl)
+    if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
+        make_capturable(optimizer)
+    return model, optimizer
+
+
+def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    if config.amp == "bf16":     # no cache of cast weights: a CUDA graph would replay stale ones
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
+                      optimizer: torch.optim.Optimizer) -> Synchroniser:
+    if config.mode == "param":
+        return ParameterAveraging(comm, flat, config.avg_every, optimizer if config.avg_optimizer_state else None)
+    if config.grad_sync == "flat":
+        return GradientAveraging(comm, flat)
+    reduce_dtype = torch.bfloat16 if config.reduce_dtype == "bf16" else None
+    return BucketedGradientAveraging(comm, flat, config.bucket_mb, reduce_dtype)
+
+
+def make_batches(split: Any, config: TrainConfig, rank: int, world: int, device: torch.device) -> Any:
+    """An update's batches: with --grad-accum K, K micro-batches in one, which the step cuts apart. Rank r
+    takes positions r, r+N, ... of the epoch's order, so the N workers' K micro-batches together are
+    exactly one worker's batch of N*K*b."""
+    batch = config.batch_size * config.grad_accum
+    if is_streamed(split):
+        return StreamedBatches(split, rank, world, batch, config.seed, device, config.data_workers)
+    return ResidentBatches(split, rank, world, batch, config.seed, device)

@@ -1,0 +1,237 @@
+"""Every check of a TrainConfig, in one place, before any worker trains: a table of per-field rules,
+one function for the rules across fields, then what reads files or builds the model.
+
+The checks run in three stages, because Train.py starts its workers as soon as it knows where they
+run and does the rest while they import torch:
+
+- ``plan_workers(config)``: where the workers run and how many (no torch, no files);
+- ``check_flags(config)``: every field's own range and the rules across fields (no files);
+- ``check_inputs(config)``: the data's cheap facts, the model on the meta device, the checkpoint to
+  resume; fills in ``samples``.
+
+``resolve(config)`` runs the first two and returns the config with the decided fields filled in.
+Each failure is a ``ConfigError`` whose text is the one line Train.py prints.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from typing import Any, Callable
+
+from harness.launch.launchers import make_launcher
+from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
+from harness.training.config import ConfigError, TrainConfig
+from harness.training.optim import check_options, default_impl
+from harness.training.schedule import is_constant
+
+AT_LEAST_ONE = (lambda v: v >= 1, "must be at least 1")
+NOT_NEGATIVE = (lambda v: v >= 0, "must not be negative")
+POSITIVE = (lambda v: v > 0, "must be positive")
+
+# field -> (holds, what the value must be); None values (an unset optional) are not checked
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "cpu_workers": AT_LEAST_ONE, "workers_per_gpu": AT_LEAST_ONE, "batch_size": AT_LEAST_ONE,
+    "grad_accum": AT_LEAST_ONE, "epochs": AT_LEAST_ONE, "avg_every": AT_LEAST_ONE, "max_steps": AT_LEAST_ONE,
+    "seed": NOT_NEGATIVE, "patience": NOT_NEGATIVE, "validate_every": NOT_NEGATIVE, "save_every": NOT_NEGATIVE,
+    "save_every_steps": NOT_NEGATIVE, "weight_decay": NOT_NEGATIVE, "data_workers": NOT_NEGATIVE,
+    "max_restarts": NOT_NEGATIVE,
+    "heartbeat_timeout": (lambda v: v > 0, "must be a positive number of seconds"),
+    "bucket_mb": POSITIVE, "lr": POSITIVE,
+    "clip_grad": (lambda v: v > 0, "must be a positive norm"),
+    "val_fraction": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+}
+
+
+def check_field(config: TrainConfig, name: str) -> None:
+    value = getattr(config, name)
+    holds, must = RULES[name]
+    if value is not None and not holds(value):
+        raise ConfigError(f"--{name.replace('_', '-')} {must}, got {value}")
+
+
+def plan_workers(config: TrainConfig) -> tuple[list[int], TrainConfig]:
+    """Where the workers run, checked without importing torch (so that Train.py can start its workers
+    first): (the GPUs of each host, the config with ``workers`` and ``workers_per_gpu`` decided)."""
+    for name in ("cpu_workers", "workers_per_gpu", "heartbeat_timeout", "max_restarts"):
+        check_field(config, name)
+    if config.launcher != "local":
+        gpus, config = _remote_plan(config)
+    else:
+        if config.control_address or config.encrypt:
+            raise ConfigError("--control-address and --encrypt are for workers on other hosts (--launcher ssh or "
+                              "slurm); a local run talks over a private Unix socket")
+        try:
+            make_launcher(config.launcher, config.hosts, config.hostfile)
+            gpus = resolve_gpus(config.gpus if config.gpus is not None else ("all" if visible_gpus() else None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        config = config.replace(workers=len(gpus) * config.workers_per_gpu or config.cpu_workers)
+    if not gpus and (config.workers_per_gpu > 1 or config.mps):
+        flag = "--mps" if config.mps else f"--workers-per-gpu {config.workers_per_gpu}"
+        raise ConfigError(f"{flag} needs GPU workers, but none are used; pass --gpus, or use --cpu-workers N on CPU")
+    if config.heal == "on" and not config.max_restarts:
+        raise ConfigError("--heal on needs --max-restarts N (how many failures the run may survive), e.g. 3")
+    return gpus, config.replace(heal_in_place=heals_in_place(config, gpus))
+
+
+def _remote_plan(config: TrainConfig) -> tuple[list[int], TrainConfig]:
+    """--launcher ssh or slurm. This machine cannot see the hosts' GPUs: ``--gpus all`` (the default
+    where this machine has GPUs) gives each of a host's workers its own GPU, 0, 1, ..., or with
+    ``--workers-per-gpu K`` each K workers one; ``--gpus 0,1`` shares a host's workers out over those.
+    Workers that share a GPU combine through CUDA IPC on their host, as on one machine;
+    ``workers_per_gpu`` becomes the most that share one."""
+    if config.mps:
+        raise ConfigError(f"--mps works on one machine only so far (it starts a private MPS daemon there); drop it "
+                          f"with --launcher {config.launcher} (--workers-per-gpu works without it)")
+    try:
+        launcher = make_launcher(config.launcher, config.hosts, config.hostfile)
+        most = max(h.slots for h in launcher.hosts)
+        gpus = host_gpus(config.gpus if config.gpus is not None else ("all" if visible_gpus() else None),
+                         -(-most // config.workers_per_gpu))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    per_gpu = config.workers_per_gpu
+    if gpus:
+        sharing = -(-most // len(gpus))
+        if sharing > per_gpu > 1:
+            raise ConfigError(f"--workers-per-gpu {per_gpu} on GPUs {','.join(map(str, gpus))}: a host "
+                              f"with {most} slots would put {sharing} workers on a GPU; list more GPUs, give the "
+                              f"hosts fewer slots or raise --workers-per-gpu")
+        per_gpu = max(per_gpu, sharing)
+    return gpus, config.replace(workers=launcher.slots, workers_per_gpu=per_gpu)
+
+
+def gpu_heal_limit(config: TrainConfig) -> str | None:
+    """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
+    if its collectives completed (harness/resilience/heal.py), which a fused optimizer can be told;
+    param mode's averaging and workers sharing a GPU have no such guard yet."""
+    if config.workers_per_gpu > 1:
+        return f"--workers-per-gpu {config.workers_per_gpu}"
+    if config.mode == "param":
+        return "--mode param"
+    if (config.optimizer_impl or default_impl(config.optimizer)) != "fused":
+        return f"--optimizer {config.optimizer}" + (f" --optimizer-impl {config.optimizer_impl}"
+                                                    if config.optimizer_impl else "")
+    return None
+
+
+def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
+    """Whether a dead worker is replaced and healed from the survivors (else the group restarts from the
+    last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart."""
+    if not config.max_restarts or config.heal == "off":
+        return False
+    limit = gpu_heal_limit(config) if gpus else None
+    if limit and config.heal == "on":
+        raise ConfigError(f"--heal on: GPU workers heal in place in grad mode, with a fused optimizer, one worker "
+                          f"per GPU, not with {limit}; drop --heal on to restart from the last checkpoint instead "
+                          f"(save often with --save-every-steps)")
+    return limit is None
+
+
+def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
+    """Each field's own rule (RULES), then the rules across fields (fast: no data is read). Returns the
+    config with ``momentum``, ``data_workers`` and ``cuda_graph`` decided."""
+    from harness.checkout.datasets import dataset_names, is_known
+    from harness.checkout.models import MODELS
+    from harness.data.pipeline import default_data_workers
+    if not is_known(config.dataset):
+        raise ConfigError(f"unknown dataset '{config.dataset}'; valid names: {', '.join(dataset_names())}, "
+                          "or package.module:factory")
+    if config.model not in MODELS and ":" not in config.model:
+        raise ConfigError(f"unknown model '{config.model}'; valid names: {', '.join(sorted(MODELS))}, "
+                          "or package.module:factory")
+    for name in RULES:
+        check_field(config, name)
+    check_across(config, gpus)
+    momentum = config.momentum if config.momentum is not None else (0.9 if config.optimizer == "sgd" else 0.0)
+    try:
+        check_options(config.optimizer, config.lr, momentum, config.weight_decay, config.nesterov,
+                      config.optimizer_impl)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return config.replace(
+        momentum=momentum, cuda_graph=False if config.compile else config.cuda_graph,
+        data_workers=config.data_workers if config.data_workers is not None else default_data_workers(config.workers))
+
+
+def check_across(config: TrainConfig, gpus: list[int]) -> None:
+    """The rules that tie one flag to another."""
+    if config.warmup_steps < 0 or not 0 <= config.min_lr <= config.lr:
+        raise ConfigError(f"--warmup-steps {config.warmup_steps} must not be negative and --min-lr {config.min_lr} "
+                          f"must be between 0 and --lr {config.lr}")
+    if config.cuda_graph and not is_constant(config.lr_schedule, config.warmup_steps):
+        raise ConfigError("--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
+                          "every update; drop one of them")
+    if config.compile and config.cuda_graph:
+        raise ConfigError("--compile and --cuda-graph do not combine: a replayed graph would skip the compiled "
+                          "model's guards and recompiles; drop --cuda-graph (a compiled model trains without one)")
+    if config.compile and not gpus and not shutil.which("g++"):
+        raise ConfigError("--compile on CPU workers needs a C++ compiler for torch's CPU code: install g++ "
+                          "(e.g. apt-get install g++) or drop --compile")
+    if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
+
+
+def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:
+    """``plan_workers`` and ``check_flags``: (GPUs, the config with every decided field filled in)."""
+    gpus, config = plan_workers(config)
+    return gpus, check_flags(config, gpus)
+
+
+def check_inputs(config: TrainConfig) -> TrainConfig:
+    """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
+    device); returns the config with ``samples`` filled in. Train.py runs them while its workers start."""
+    from harness.resilience.checkpoint import CheckpointError, check_writable, load_checkpoint
+    config = config.replace(samples=_check_data_and_model(config))
+    try:
+        if config.save:
+            check_writable(config.save)
+        saved = load_checkpoint(config.resume) if config.resume else None
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    if saved:
+        _check_resumable(config, saved)
+    return config
+
+
+def _check_resumable(config: TrainConfig, saved: dict) -> None:
+    shape = ("model", "model_options", "dataset", "dataset_options", "optimizer")
+    if saved.get("position"):       # mid-epoch: the rest of the epoch's order depends on these too
+        shape += ("seed", "batch_size", "grad_accum", "workers", "samples")
+    before = {"grad_accum": 1, **saved["config"]}       # checkpoints from before --grad-accum
+    differ = [k for k in shape if before.get(k) != getattr(config, k)]
+    if differ:
+        raise ConfigError(f"--resume {config.resume} was trained with "
+                          + ", ".join(f"a training set of {before.get(k)} samples" if k == "samples"
+                                      else f"--{k.replace('_', '-')} {before.get(k)!r}" for k in differ)
+                          + "; pass the same values to continue it"
+                          + (" (it stopped mid-epoch)" if saved.get("position") else ""))
+
+
+def _check_data_and_model(config: TrainConfig) -> int:
+    """Check the data's cheap facts (a streamed dataset is scanned and one sample of each split
+    decoded; nothing is loaded whole) and build the model on the meta device: a missing file, a bad
+    option or a batch larger than a worker's shard fails here, not in every worker. Returns the
+    number of training samples."""
+    import torch
+    from harness.checkout.datasets import check_data
+    from harness.training.build import make_model
+    try:
+        info, samples = check_data(config.dataset, config.data_dir, seed=config.seed,
+                                   val_fraction=config.val_fraction, **config.dataset_options)
+        with torch.device("meta"):          # checks the model's options without allocating its weights
+            make_model(config, info, torch.device("meta"))
+    except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
+        raise ConfigError(str(e).splitlines()[0]) from None
+    shard = samples // config.workers
+    if config.batch_size * config.grad_accum > shard:
+        accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
+        raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
+                          f"samples of {samples} over {config.workers} workers); use at most {shard} in all")
+    return samples
+
+
+def check(config: TrainConfig) -> tuple[list[int], TrainConfig]:
+    """Every check ``run`` makes, without starting workers: (GPUs, the config ready to train)."""
+    gpus, config = resolve(config)
+    return gpus, check_inputs(config)

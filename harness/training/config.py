@@ -1,0 +1,109 @@
+"""A training run's configuration: one typed dataclass, the fields named as Train.py's flags.
+
+Train.py fills it from its argparse groups (harness/training/flags.py); a script or a notebook builds
+one directly and calls ``harness.training.run(config)``. Every default is here, once, with what it
+means; the checks live in harness/training/checks.py. The checkpoint stores ``asdict(config)`` (plain
+types only, so ``torch.load(weights_only=True)`` reads it) and Test.py and ``--resume`` rebuild it with
+``TrainConfig.from_dict``.
+
+The last group is not set by users: ``resolve()`` (harness/training/checks.py) decides it from the
+flags before any worker starts, and the workers read it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_SAVE = "checkpoints/model.pt"
+
+
+class ConfigError(ValueError):
+    """Bad input; reported as one line, before any worker starts (Train.py exits 2)."""
+
+
+@dataclass
+class TrainConfig:
+    # -- model and data
+    model: str = "mlp"                  # registry name (models/__init__.py) or package.module:factory
+    model_options: dict = field(default_factory=dict)       # keyword arguments of the model factory
+    dataset: str = "digits"             # registry name (datasets/__init__.py) or package.module:factory
+    dataset_options: dict = field(default_factory=dict)     # keyword arguments of the dataset
+    data_dir: str | None = None         # the dataset's folder (None: the dataset's own default)
+    data_workers: int | None = None     # loader processes per worker (None: the host's cores shared out)
+    val_fraction: float = 0.1           # share of the training set held out for validation
+    # -- workers and placement
+    gpus: str | None = None             # "all" or "0,1" (None: every GPU if there is one, else CPU)
+    cpu_workers: int = 2                # workers when no GPU is used
+    workers_per_gpu: int = 1            # workers sharing each GPU (CUDA IPC among them)
+    launcher: str = "local"             # local, ssh or slurm
+    hosts: str | None = None            # ssh: "node1:8,node2:8"
+    hostfile: str | None = None         # ssh: a file of hosts
+    control_address: str | None = None  # remote workers reach the parent here (None: the route's)
+    encrypt: bool = False               # remote workers: CurveZMQ on the control plane
+    mps: bool = False                   # a private NVIDIA MPS daemon for the run
+    heartbeat_timeout: float = 30.0     # seconds of silence before a worker counts as hung
+    # -- synchronisation
+    mode: str = "grad"                  # grad: average gradients every update; param: parameters
+    avg_every: int = 1                  # param mode: average every K updates
+    avg_optimizer_state: bool = False   # param mode: average momentum/Adam state too
+    grad_sync: str = "bucketed"         # grad mode: buckets during backward, or "flat" after it
+    bucket_mb: float = 25.0             # grad mode: bucket size in MiB
+    reduce_dtype: str = "fp32"          # grad mode: fp32 (the gradients' own) or bf16
+    # -- optimizer and schedule
+    optimizer: str = "sgd"              # sgd, adam, adamw, adagrad, ccnesterov, ...
+    optimizer_impl: str | None = None   # fused or foreach (None: fused where torch has it)
+    lr: float = 0.05                    # learning rate
+    momentum: float | None = None       # sgd momentum (None: 0.9 for sgd, else 0)
+    nesterov: bool = False              # sgd: Nesterov momentum
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"       # constant, cosine, linear, step
+    warmup_steps: int = 0               # updates of linear warm-up to lr
+    min_lr: float = 0.0                 # where a schedule ends
+    # -- the step
+    batch_size: int = 32                # per worker and micro-batch
+    grad_accum: int = 1                 # micro-batches per update
+    amp: str | None = None              # "bf16" autocast
+    tf32: bool = True                   # GPU: TF32 tensor cores for fp32 matmuls and convolutions
+    cuda_graph: bool | None = None      # GPU: capture the whole step (None: wherever it can be)
+    compile: bool = False               # torch.compile the model for the training step
+    clip_grad: float | None = None      # clip the averaged gradients to this global norm
+    # -- run length and validation
+    epochs: int = 10
+    max_steps: int | None = None        # updates in all (overrides epochs)
+    validate_every: int = 0             # validate every N updates (0: at each epoch's end)
+    target_error: float | None = None   # stop once the validation error is at most this
+    patience: int = 0                   # stop after this many validations without improvement (0: never)
+    seed: int = 0
+    # -- checkpoints
+    save: str | None = DEFAULT_SAVE     # checkpoint path (None or "": do not save)
+    save_every: int = 1                 # save every N epochs, and at the end
+    save_every_steps: int = 0           # also save every N updates, mid-epoch too (0: off)
+    resume: str | None = None           # checkpoint to continue from, exactly
+    # -- logging
+    log_dir: str = "runs"               # metrics.jsonl and metrics.png
+    tensorboard: bool = False           # also TensorBoard scalars in log_dir
+    # -- failures
+    max_restarts: int = 0               # worker deaths or hangs survived
+    heal: str | None = None             # "on" (the default with max_restarts) or "off": restart instead
+    # -- decided by resolve() before the workers start, not set by users
+    workers: int = 0                    # how many workers the run has
+    samples: int = 0                    # training samples (after the validation split)
+    heal_in_place: bool = False         # a dead worker is healed from the survivors (else restart)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types, as a checkpoint stores them."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> TrainConfig:
+        """The config a checkpoint stored; keys of older checkpoints that no longer exist are dropped
+        and fields they lack take their defaults (the old ``heal`` was the decision, a bool)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in saved.items() if k in known}
+        if isinstance(values.get("heal"), bool):
+            values["heal_in_place"] = values.pop("heal")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)

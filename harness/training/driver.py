@@ -1,0 +1,154 @@
+"""Run a TrainConfig from the parent: start the workers, check, train, show progress.
+
+This is Train.py's body and the Python API (``harness.training.run``). The workers start as soon as
+it is known where they run; the parent imports torch and checks the other fields and the files
+meanwhile (harness/training/checks.py), so a bad input still fails before any worker trains, and a
+good one does not wait for the checks. A worker that dies or hangs is healed in place or restarts
+the group from the last checkpoint, ``max_restarts`` times in all (harness/resilience/recovery.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Iterator
+
+from harness.control import timeline
+from harness.parent import ChildFailed, Children, Parent
+from harness.resilience.interrupt import Interrupts
+from harness.resilience.recovery import Recovery
+from harness.training.checks import check_flags, check_inputs, plan_workers
+from harness.training.config import ConfigError, TrainConfig
+from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
+from harness.training.progress import Progress
+
+# torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
+WORKER_IMPORTS = ("harness.training.loop", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
+
+
+def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dict | None = None) -> list[dict]:
+    """Check ``config``, train it on its workers and return each worker's summary (``rank``, ``step``,
+    ``epoch``, ``checksum`` of the final parameters, ``interrupted``: the signal that stopped it, if any).
+    Writes the checkpoint (``config.save``) and the log (``config.log_dir``) as Train.py does.
+
+    Raises ``ConfigError`` for bad input (before any worker trains), ``ChildError`` for an exception in
+    a worker, ``ChildFailed``/``GaveUp`` when workers died more often than ``config.max_restarts``.
+    ``interrupts``: SIGINT/SIGTERM handlers to tell about the workers (Train.py's); ``marks``: the
+    start-up timeline so far."""
+    marks = marks if marks is not None else timeline.start("imported")
+    gpus, config = plan_workers(config)
+    with workers(config, gpus) as kids:
+        timeline.mark(marks, "forked")
+        config = check_inputs(check_flags(config, gpus))
+        print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
+              f"{where(config, gpus, kids)}, mode {config.mode}")
+        timeline.mark(marks, "checked")
+        import_plotting_meanwhile()
+        return train(config, gpus, marks, interrupts, started=kids)
+
+
+def where(config: TrainConfig, gpus: list[int], kids: Children) -> str:
+    shared = f", {config.workers_per_gpu} per GPU" if gpus and config.workers_per_gpu > 1 else ""
+    if config.launcher != "local":
+        return (f"{len(kids.hosts)} hosts ({config.launcher}), "
+                + ("GPUs " + ",".join(map(str, gpus)) if gpus else "CPU") + " on each" + shared)
+    return f"{len(gpus)} GPU(s)" + shared if gpus else f"{config.workers} CPU workers"
+
+
+@contextlib.contextmanager
+def mps_for(config: TrainConfig) -> Iterator[dict[str, str]]:
+    """With ``mps``, a private MPS daemon for the run; yields the environment that points workers at it."""
+    from harness.launch.mps import active_mps_env, start_mps
+    if not config.mps:
+        found = active_mps_env()
+        if found:
+            print(f"using the MPS daemon your environment points at ({found['CUDA_MPS_PIPE_DIRECTORY']})")
+        yield {}
+        return
+    try:
+        daemon = start_mps(Path(config.log_dir) / "mps")
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"--mps: {e}") from None
+    with daemon:
+        print(f"started a private MPS daemon (log: {daemon.log_dir})")
+        yield daemon.env
+
+
+@contextlib.contextmanager
+def workers(config: TrainConfig, gpus: list[int]) -> Iterator[Children]:
+    """A group of training workers, stopped on exit. They import what training needs as soon as they
+    start, so a group started before the parent's own imports and checks does that work alongside
+    them. With ``mps`` the private daemon starts first and outlives the workers: MPS only quits once
+    its clients are gone. With ``heal_in_place`` a dead worker does not stop the group."""
+    with mps_for(config) as daemon_env, Parent(heartbeat_timeout=config.heartbeat_timeout) as parent:
+        try:
+            group = parent.fork(config.workers, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS,
+                                heal=config.heal_in_place, launcher=config.launcher, hosts=config.hosts,
+                                hostfile=config.hostfile, address=config.control_address, encrypt=config.encrypt)
+        except ValueError as e:         # e.g. no address to listen on for the hosts
+            raise ConfigError(str(e)) from None
+        yield group
+
+
+def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
+          started: Children | None = None) -> list[dict]:
+    """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
+    already forked for it, or on a group forked here; every restart forks a new group. ``marks``: the
+    start-up timeline so far (by default it starts now, the checks done)."""
+    marks = marks if marks is not None else timeline.start("checked")
+    steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
+    log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
+    progress = Progress(config, steps_per_epoch, log)
+    recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
+                        progress.handle)
+    first = iter([started] if started is not None else [])    # a failed group is stopped for good
+
+    def attempt(resume: str | None) -> list[dict]:
+        attempt_config = config.replace(resume=resume)
+        kids = next(first, None)
+        if kids is not None:
+            return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
+        with workers(attempt_config, gpus) as kids:
+            marks.setdefault("forked", time.time())
+            return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
+
+    try:
+        results = recovery.run(attempt)
+        log.write({"time": time.time(), "event": "startup", "parent": marks,
+                   "workers": [r["marks"] for r in results]})
+    finally:
+        progress.close()
+        log.close()
+    plot = plot_metrics(read_metrics(log.path), Path(config.log_dir) / "metrics.png")
+    print(f"log: {log.path}" + (f", plot: {plot}" if plot else "")
+          + (f", checkpoint: {config.save}" if config.save else ""))
+    return results
+
+
+def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Interrupts | None,
+              progress: Progress, recovery: Recovery) -> list[dict]:
+    """One group of workers from start (or ``config.resume``) to the end of the run, healed in
+    place when a worker dies, if it may be; otherwise the failure ends the group (stopped)."""
+    from harness.training.loop import train_worker
+    if interrupts is not None:
+        interrupts.watch(kids)
+    try:
+        kids.exec(train_worker, config)
+        progress.handle({"event": "workers", "pids": kids.pids, "hosts": kids.hosts})
+        while True:
+            try:
+                record = kids[0].receive()
+            except ChildFailed as failure:
+                recovery.heal(kids, failure)
+                continue
+            if record["event"] == "healed":
+                record = {**recovery.healed(record), "pids": kids.pids}
+            progress.handle(record)
+            if record["event"] == "first_step":
+                timeline.mark(marks, "first_step")
+            if record["event"] == "done":
+                break
+        return kids.wait()
+    except ChildFailed:
+        kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
+        raise

@@ -1,0 +1,183 @@
+"""Train.py's command line: argparse groups whose destinations are TrainConfig's fields.
+
+Every flag is ``--`` + a field name with dashes; its default is the field's (harness/training/config.py
+is the one place defaults live). JSON options become dicts here; nothing else is checked here (that is
+harness/training/checks.py), so a TrainConfig built in Python goes through the same checks.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any, Callable
+
+from harness.launch.launchers import LAUNCHERS
+from harness.training.config import DEFAULT_SAVE, ConfigError, TrainConfig
+from harness.training.optim import IMPLS, OPTIMIZERS
+from harness.training.schedule import SCHEDULES
+
+DEFAULTS = TrainConfig()
+
+
+def _model_and_data(a: Callable[..., Any]) -> None:
+    a("--model", help="registry name (cnn, gpt, mlp, oddeven, resnet18, resnet50) or package.module:factory")
+    a("--model-options", help='JSON options for the model factory, e.g. \'{"hidden": [256]}\'')
+    a("--dataset", help="in memory: cifar10, digits, mnist, oddeven, synthetic; streamed from --data-dir: imagefolder "
+                        "(DIR/train/<class>/*.jpg and DIR/val/), tokens (DIR/train.bin and val.bin); or "
+                        "package.module:factory returning a torch Dataset (called as factory(split, data_dir, **options))")
+    a("--dataset-options",
+      help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic, \'{"crop": 224, "resize": 256}\' '
+           'for imagefolder, \'{"block_size": 1024, "dtype": "uint16", "vocab_size": 50257}\' for tokens')
+    a("--data-dir", help="the dataset's folder (default ./data for mnist/cifar10)")
+    a("--data-workers", type=int,
+      help="loader processes per worker for streamed datasets (default: the host's cores shared out among "
+           "the workers, one left for training, at most 16; 0 loads in the training process)")
+    a("--val-fraction", type=float, help="share of the training set held out for validation (default 0.1)")
+
+
+def _workers(a: Callable[..., Any]) -> None:
+    a("--gpus", help="'all' or GPU indices like 0,1 (default: all GPUs if any, else CPU workers)")
+    a("--cpu-workers", type=int, help="number of CPU workers when no GPU is used (default 2)")
+    a("--workers-per-gpu", type=int,
+      help="workers on each GPU (default 1; on other hosts too); they combine through CUDA IPC, one leader per "
+           "GPU joins NCCL")
+    a("--launcher", choices=LAUNCHERS,
+      help="where the workers start: local (this machine, the default); ssh (on --hosts or --hostfile, through "
+           "OpenSSH with your own config and keys; $HARNESS_SSH overrides the ssh command); slurm (on the "
+           "nodes of the Slurm allocation this runs in, one srun step each)")
+    a("--hosts", metavar="HOST:SLOTS,...", help="--launcher ssh: the hosts and how many workers each runs, e.g. node1:8,node2:8")
+    a("--hostfile", help="--launcher ssh: a file of hosts, one per line (node1:8 or 'node1 slots=8')")
+    a("--control-address",
+      help="remote workers: the address of this machine they reach the parent on (default: the one on the "
+           "route to the first host)")
+    a("--encrypt", action="store_true",
+      help="remote workers: encrypt the control plane with CurveZMQ (it is always signed), for a network "
+           "others can listen on")
+    a("--mps", action="store_true",
+      help="start a private NVIDIA MPS daemon for the run (pipe and log dirs in --log-dir), so workers "
+           "sharing a GPU run their kernels concurrently; stopped at the end")
+
+
+def _synchronisation(a: Callable[..., Any]) -> None:
+    a("--mode", choices=("grad", "param"),
+      help="grad: average gradients every update (default); param: average parameters every --avg-every updates")
+    a("--avg-every", type=int, help="param mode: average parameters every K updates (default 1)")
+    a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
+    a("--grad-sync", choices=("bucketed", "flat"),
+      help="grad mode: all-reduce buckets during backward (default), or the whole flat gradient after it")
+    a("--bucket-mb", type=float, help="grad mode: gradient bucket size in MiB (default 25)")
+    a("--reduce-dtype", choices=("fp32", "bf16"),
+      help="grad mode: dtype gradients are averaged in (default fp32, i.e. the gradients' own)")
+
+
+def _optimizer(a: Callable[..., Any]) -> None:
+    a("--optimizer", choices=OPTIMIZERS, help="(default sgd)")
+    a("--optimizer-impl", choices=IMPLS,
+      help="fused: one kernel per update (sgd, adam, adamw, adagrad); foreach: one multi-tensor kernel per "
+           "operation (default: fused where torch has it, else foreach; ccnesterov has its own)")
+    a("--lr", type=float, help="learning rate (default 0.05)")
+    a("--momentum", type=float, help="sgd momentum (default 0.9 for sgd)")
+    a("--nesterov", action="store_true", help="sgd: Nesterov momentum")
+    a("--weight-decay", type=float, help="(default 0)")
+    a("--lr-schedule", choices=SCHEDULES,
+      help="learning rate over the run: constant (default), or decaying to --min-lr after the warm-up: "
+           "cosine (nanoGPT's), linear, step (a tenth after each third). Not with --cuda-graph (it would "
+           "freeze the rate): a schedule or warm-up runs eagerly")
+    a("--warmup-steps", type=int, help="updates over which the learning rate rises linearly to --lr")
+    a("--min-lr", type=float, help="where the schedule ends (default 0)")
+
+
+def _step(a: Callable[..., Any]) -> None:
+    a("--batch-size", type=int, help="per worker and micro-batch (default 32)")
+    a("--grad-accum", type=int, metavar="K",
+      help="micro-batches per update (default 1): each worker accumulates K micro-batches' gradients and they "
+           "are averaged across workers once per update, so N workers x K x --batch-size b train exactly as "
+           "one worker with batch N*K*b; with --cuda-graph the whole update is one graph")
+    a("--amp", choices=("bf16",), help="bf16 autocast")
+    a("--tf32", action=argparse.BooleanOptionalAction,
+      help="GPU: fp32 matmuls and convolutions on TF32 tensor cores (default on; --no-tf32 for full fp32, "
+           "e.g. to compare runs to 1e-5)")
+    a("--cuda-graph", action=argparse.BooleanOptionalAction,
+      help="GPU: capture the whole step (forward, backward, all-reduce, optimizer) in a CUDA graph and replay "
+           "it, one launch instead of hundreds (default: wherever the step can be captured; otherwise eager, "
+           "with a message saying why). Its 3 warm-up updates on the first batch are undone, so it trains "
+           "exactly as eager; --no-cuda-graph runs eagerly")
+    a("--compile", action="store_true",
+      help="torch.compile the model for the training step (the first updates wait for the compiler; "
+           "evaluation runs eagerly). Not with --cuda-graph: a compiled model trains without one")
+    a("--clip-grad", type=float, metavar="NORM",
+      help="clip the averaged gradients to this global norm before each update (the norm before clipping "
+           "goes into the log as grad_norm)")
+
+
+def _run_length(a: Callable[..., Any]) -> None:
+    a("--epochs", type=int, help="(default 10)")
+    a("--max-steps", type=int, help="train this many updates in all (overrides --epochs)")
+    a("--validate-every", type=int, help="validate every N updates (default: at each epoch's end)")
+    a("--target-error", type=float, help="stop once the validation error is at most this (e.g. 0.02)")
+    a("--patience", type=int, help="stop after this many validations without improvement (0: never)")
+    a("--seed", type=int, help="(default 0)")
+
+
+def _checkpoints(a: Callable[..., Any]) -> None:
+    a("--save", help=f"checkpoint path (default {DEFAULT_SAVE}); '' to not save")
+    a("--save-every", type=int, help="save every N epochs (default 1) and at the end")
+    a("--save-every-steps", type=int,
+      help="also save every N updates, mid-epoch too (default 0: off); --resume continues exactly from there")
+    a("--resume", help="checkpoint to continue from, exactly where it stopped, mid-epoch too (param mode: exact "
+                       "when it stopped at a multiple of --avg-every)")
+
+
+def _logging(a: Callable[..., Any]) -> None:
+    a("--log-dir", help="metrics.jsonl and metrics.png go here (default runs/)")
+    a("--tensorboard", action="store_true",
+      help="also write the log's records as TensorBoard scalars (event files in --log-dir; needs the "
+           "tensorboard package: pip install -e '.[tensorboard]')")
+
+
+def _failures(a: Callable[..., Any]) -> None:
+    a("--heartbeat-timeout", type=float, help="seconds of silence before a worker counts as hung (default 30)")
+    a("--max-restarts", type=int,
+      help="survive up to N worker deaths or hangs (default 0: the run stops with the error): each is healed "
+           "in place (see --heal) or else every worker restarts from the last checkpoint; an exception in "
+           "the training code is not retried")
+    a("--heal", choices=("on", "off"),
+      help="with --max-restarts: on (the default) replaces a dead worker while the others wait, and the survivors "
+           "hand it their state, so only the interrupted update is redone; off restarts every worker from the "
+           "last checkpoint (also what GPU workers do in param mode, with --workers-per-gpu above 1 or with a "
+           "non-fused optimizer; --heal on with them is an error)")
+
+
+GROUPS = (("model and data", _model_and_data), ("workers and placement", _workers),
+          ("synchronisation", _synchronisation), ("optimizer and schedule", _optimizer), ("the step", _step),
+          ("run length and validation", _run_length), ("checkpoints and resume", _checkpoints),
+          ("logging", _logging), ("failures and healing", _failures))
+
+
+def make_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(**{f.name: getattr(DEFAULTS, f.name) for f in dataclasses.fields(TrainConfig)})
+    for title, add in GROUPS:
+        add(parser.add_argument_group(title).add_argument)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The flags as a TrainConfig: JSON options parsed, ``--save ''`` as no checkpoint."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    for name in ("model_options", "dataset_options"):
+        if isinstance(values[name], str):
+            values[name] = json_option(name, values[name])
+    values["save"] = values["save"] or None
+    return TrainConfig(**values)
+
+
+def json_option(name: str, text: str) -> dict:
+    flag = "--" + name.replace("_", "-")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag} is not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
+    return value

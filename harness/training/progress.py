@@ -1,0 +1,62 @@
+"""The parent's view of a run: a tqdm bar, Train.lua-style epoch lines, and the metrics log.
+
+Rank 0 sends records (harness/training/loop.py); every record goes to metrics.jsonl as it comes,
+and the ones a person watches (epochs, heals, restarts) are also printed above the bar.
+"""
+from __future__ import annotations
+
+import time
+
+from harness.training.config import TrainConfig
+from harness.training.metrics import MetricsLog
+
+
+class Progress:
+    """``steps_per_epoch``: updates in an epoch; ``log``: where every record goes."""
+
+    def __init__(self, config: TrainConfig, steps_per_epoch: int, log: MetricsLog):
+        self.config, self.log = config, log
+        self.total = config.max_steps or steps_per_epoch * config.epochs
+        self.epochs = -(-self.total // steps_per_epoch)
+        self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
+        self.saved: str | None = None      # the last checkpoint this run wrote
+
+    def handle(self, record: dict) -> None:
+        from tqdm import tqdm
+        event = record["event"]
+        self.log.write({"time": time.time(), **record})
+        if "step" in record:
+            if self.bar is None:
+                self.bar = tqdm(total=self.total, initial=record["step"], unit="update", dynamic_ncols=True)
+            self.bar.update(record["step"] - self.bar.n)
+        if event == "step":
+            self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.epochs}")
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
+        elif event == "epoch":
+            self.bar.set_description(f"epoch {record['epoch']}/{self.epochs}")
+            val = record["val_error"]
+            tqdm.write(f"Epoch {record['epoch']}/{self.epochs}: average loss per sample "
+                       f"{record['train_loss']:.4f}"
+                       + (f", validation error {val:.2%}" if val is not None else "")
+                       + f" ({record['seconds']:.1f} s)")
+        elif event == "saved":
+            self.saved = record["path"]
+        elif event in ("recovered", "restart"):
+            tqdm.write(describe_recovery(record))
+        elif event == "done" and record["stop"] and not record.get("signal"):    # Train.py says where it stopped
+            tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def describe_recovery(record: dict) -> str:
+    """The console line of a "recovered" (healed in place) or "restart" record."""
+    if record["event"] == "recovered":
+        return (f"rank {record['rank']} ({record['cause']}) recovered in {record['seconds']:.1f} s, redoing "
+                f"step {record['redo_step']}" + (" (parameters: the survivors' average)"
+                                                 if record["mode"] == "param" else ""))
+    unhealed = f"; not healed in place: {record['not_healed']}" if "not_healed" in record else ""
+    return (f"rank {record['rank']} ({record['cause']}{unhealed}): restarting every worker from "
+            f"{record['resume'] or 'the start'} (restart {record['restart']} of {record['max_restarts']})")
