@@ -2,17 +2,15 @@
 rank 0, holds 10 for Broadcast), runs each collective and prints expected against received.
 Exits non-zero on any mismatch. GPU children use NCCL, CPU children gloo.
 
-    python scripts/collectives_demo.py                  # 4 CPU workers
-    python scripts/collectives_demo.py --gpus all       # one worker per GPU
-    python scripts/collectives_demo.py --gpus 0,1 --workers 2
+    python -m scripts.collectives_demo                  # 4 CPU workers
+    python -m scripts.collectives_demo --gpus all       # one worker per GPU
+    python -m scripts.collectives_demo --gpus 0,1 --workers 2
 """
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness import Parent  # noqa: E402
-from harness.launch.placement import resolve_gpus  # noqa: E402
+from harness import Parent
+from harness.launch.placement import resolve_gpus
 
 N = 8
 LEAD_VALUE = 10.0

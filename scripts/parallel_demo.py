@@ -1,16 +1,13 @@
 """The Lua `parallel` examples, in Python: fork, exec, a yield/join loop ended by join("break"),
 send/receive of arrays, and printing from children.
 
-    python scripts/parallel_demo.py [--children 4]
+    python -m scripts.parallel_demo [--children 4]
 """
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness import Parent  # noqa: E402
+from harness import Parent
 
 
 def worker(ctx):

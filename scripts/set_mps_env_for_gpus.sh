@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Point MPS clients at the daemon of a group of GPUs: source it, or eval its output.
-if [[ ${BASH_SOURCE[0]} != "$0" ]]; then    # sourced: run as a program, apply its exports here
-    if _mps_exports=$("${BASH:-bash}" "${BASH_SOURCE[0]}" "$@"); then
-        eval "$_mps_exports"
-        unset _mps_exports
-        return 0
-    fi
-    unset _mps_exports
-    return 1
-fi
+# Sourced: run as a program, and its exports are applied to the sourcing shell.
+[[ ${BASH_SOURCE[0]} == "$0" ]] || { source "$(dirname "${BASH_SOURCE[0]}")/mps_exports.sh" "${BASH_SOURCE[0]}" "$@"; return; }
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/mps_common.sh"
 

@@ -6,7 +6,7 @@ reported) and each worker's (process created, imports done, the training functio
 its imports done, data loaded, model built, communicator up, first step done). This prints them as
 seconds since the parent's process was created, and how long each phase took.
 
-    python Train.py --log-dir runs/start && python scripts/startup_timeline.py runs/start
+    python Train.py --log-dir runs/start && python -m scripts.startup_timeline runs/start
 """
 from __future__ import annotations
 

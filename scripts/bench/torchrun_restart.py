@@ -4,13 +4,13 @@ torchrun's elastic agent answers a dead worker by stopping every worker and star
 again (``--max-restarts``); the new workers resume from the last checkpoint the training script
 wrote. This runs that, the way a torchrun + DDP user writes it: one process per GPU, DDP, rank 0
 saving a checkpoint every --save-every steps with torch.save, every start resuming from it. The
-model and its synthetic batch are scripts/bench_vs_ddp.py's, so the figures sit beside the
+model and its synthetic batch are scripts/bench/common.py's, so the figures sit beside the
 harness's. A worker (not rank 0) gets SIGKILL --kills times, each once training has gone on after
 the last restart (after a random number of updates, up to --save-every). One JSON row per kill: restart_s (from the kill to the end of the first update
 after the restart, which includes the new workers' start-up, NCCL set-up and the checkpoint load)
 and steps_lost (updates done before the kill that the restart must redo).
 
-    python scripts/torchrun_restart.py --gpus 2 --model resnet50 --kills 3 --out rows.jsonl
+    python -m scripts.bench.torchrun_restart --gpus 2 --model resnet50 --kills 3 --out rows.jsonl
 """
 from __future__ import annotations
 
@@ -20,14 +20,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from scripts.bench.common import (ROOT, append_jsonl, autocast_for, bench_record, build, module_command, spec_for,
+                                  subprocess_env)
 
 
 def worker(model: str, steps: int, save_every: int, work: Path) -> None:
@@ -36,7 +35,6 @@ def worker(model: str, steps: int, save_every: int, work: Path) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from bench_vs_ddp import autocast_for, build, spec_for
     from harness.checkout.models import loss_fn
     local = int(os.environ["LOCAL_RANK"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -86,15 +84,13 @@ def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
     rows = []
     with tempfile.TemporaryDirectory(prefix="torchrun-restart-") as tmp:
         work = Path(tmp)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                   f"--max-restarts={kills}", str(Path(__file__).resolve()), "--worker", "--model", model,
-                   "--steps", str(steps), "--save-every", str(save_every), "--work", str(work)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "scripts"),
-                                                             os.environ.get("PYTHONPATH", "")])}
+        command = module_command("torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                                 f"--max-restarts={kills}", "-m", __spec__.name, "--worker", "--model", model,
+                                 "--steps", str(steps), "--save-every", str(save_every), "--work", str(work))
         # stderr to a file, not a pipe: nobody reads a pipe during the run, and once it is full torchrun
         # and its workers block on their next message
         errors = (work / "stderr.log").open("w+")
-        run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors,
+        run = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=errors,
                                start_new_session=True)
         deadline, rng = time.monotonic() + time_limit, random.Random(0)
         for restart in range(kills):
@@ -138,7 +134,7 @@ def measure(gpus: int, model: str, kills: int, steps: int, save_every: int,
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=2)
-    p.add_argument("--model", default="resnet50", help="a scripts/bench_vs_ddp.py model: mlp, resnet50, gpt2-124m")
+    p.add_argument("--model", default="resnet50", help="a scripts/bench/common.py model: mlp, resnet50, gpt2-124m")
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--steps", type=int, default=100000, help="the run's length (it is ended once the kills are measured)")
     p.add_argument("--save-every", type=int, default=100, help="rank 0 saves every this many updates")
@@ -151,11 +147,9 @@ def main() -> None:
         worker(args.model, args.steps, args.save_every, Path(args.work))
         return
     def report(row: dict) -> None:
-        line = json.dumps(row)
-        print(line, flush=True)
+        print(json.dumps(row), flush=True)
         if args.out:
-            with open(args.out, "a") as f:
-                f.write(line + "\n")
+            append_jsonl(args.out, bench_record(**row))
     measure(args.gpus, args.model, args.kills, args.steps, args.save_every, report, args.time_limit)
 
 

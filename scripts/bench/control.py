@@ -5,21 +5,19 @@
 * for reference, the floor of the transport: bare pyzmq ROUTER/DEALER over ipc doing the same
   join/yield round trip with no signing, no pickling and no supervision.
 
-    python scripts/bench_control.py [--children 4] [--mib 256] [--rounds 200] [--json out.json]
+    python -m scripts.bench.control [--children 4] [--mib 256] [--rounds 200] [--json out.json]
 """
 import argparse
-import json
 import multiprocessing as mp
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness import Parent  # noqa: E402
+from harness import Parent
+from scripts.bench.common import bench_record, write_json
 
 
 def harness_child(ctx, rounds, transfers):
@@ -164,7 +162,7 @@ def main() -> None:
     for label, value in results["ratio"].items():
         print(f"ratio {label}: {value:.2f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, bench_record(**results))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Time to first step across hosts: this harness's one command against torchrun's multi-node recipe.
 
 The hosts are Linux network namespaces on this machine, each with its own address and its own real
-sshd (tests/netns_hosts.py, as the CI tests use them; needs root). Both sides start the same number
+sshd (tests/helpers/netns_hosts.py, as the CI tests use them; needs root). Both sides start the same number
 of CPU workers per host over the same ssh, and do the same work once started: build the same model,
 wrap it (DDP, or this harness's flat buffers and bucketed gradient averaging), and take one step
 (forward, backward with its gradient all-reduce over gloo, optimizer step). The clock runs from the
@@ -15,14 +15,12 @@ launch to the end of rank 0's first step.
 
 The two alternate, ``--repeats`` times each; the medians are compared.
 
-    sudo python scripts/bench_hosts.py --hosts 3 --per-host 2 --repeats 5 --out bench/results/first-step-hosts.json
+    sudo python -m scripts.bench.hosts --hosts 3 --per-host 2 --repeats 5 --out bench/results/DATE-DEVICE/first-step-hosts.json
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -31,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from netns_hosts import Hosts, why_not  # noqa: E402
+from scripts.bench.common import (FIRST_STEP, ROOT, bench_record, first_step_stamp, module_command, subprocess_env,
+                                  write_json)
+from tests.helpers.netns_hosts import Hosts, why_not
+
 RUN_TIMEOUT = 300
 
 
@@ -56,7 +54,7 @@ def first_step(comm: Any = None) -> None:
         loss_fn(model(x), y).backward()
         optimizer.step()
         if dist.get_rank() == 0:
-            print(f"FIRST_STEP {time.time()}", flush=True)
+            print(f"{FIRST_STEP} {time.time()}", flush=True)
         dist.destroy_process_group()
         return
     import contextlib
@@ -81,26 +79,18 @@ def run_harness(hosts: str) -> None:
     with Parent() as parent:
         kids = parent.fork(sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(",")), launcher="ssh", hosts=hosts)
         kids.exec(harness_first_step)
-        print(f"FIRST_STEP {kids.wait()[0]}", flush=True)
-
-
-def stamp(out: str, what: str) -> float:
-    """When rank 0's first step ended, as ``what`` printed it."""
-    stamps = [float(line.split()[1]) for line in out.splitlines() if line.startswith("FIRST_STEP ")]
-    if not stamps:
-        raise RuntimeError(f"{what} printed no first step:\n{out[-3000:]}")
-    return stamps[0]
+        print(f"{FIRST_STEP} {kids.wait()[0]}", flush=True)
 
 
 def time_harness(made: Hosts, per_host: int) -> float:
     hosts = ",".join(f"{address}:{per_host}" for address in made.addresses)
     start = time.time()
-    out = subprocess.run([sys.executable, __file__, "--first-step-run", "harness", "--host-list", hosts],
+    out = subprocess.run(module_command(__spec__.name, "--first-step-run", "harness", "--host-list", hosts),
                          capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT,
-                         env={**os.environ, "HARNESS_SSH": made.ssh})
+                         env=subprocess_env(HARNESS_SSH=made.ssh))
     if out.returncode != 0:
         raise RuntimeError(f"the harness's run failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return stamp(out.stdout, "the harness") - start
+    return first_step_stamp(out.stdout, "the harness") - start
 
 
 def time_torchrun(made: Hosts, per_host: int, port: int) -> float:
@@ -108,12 +98,12 @@ def time_torchrun(made: Hosts, per_host: int, port: int) -> float:
     ssh = made.ssh.split()
     commands = []
     for rank, address in enumerate(made.addresses):
-        interface = f"{made.bridge}p{rank}"     # the namespace's end of its veth pair (tests/netns_hosts.py)
-        commands.append(
-            f"cd {ROOT} && GLOO_SOCKET_IFNAME={interface} PYTHONPATH={ROOT} OMP_NUM_THREADS=1 "
-            f"{sys.executable} -m torch.distributed.run --nnodes {nodes} --node-rank {rank} "
-            f"--nproc-per-node {per_host} --master-addr {made.addresses[0]} --master-port {port} "
-            f"{__file__} --first-step-run ddp")
+        interface = f"{made.bridge}p{rank}"     # the namespace's end of its veth pair (tests/helpers/netns_hosts.py)
+        torchrun = module_command("torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(rank),
+                                  "--nproc-per-node", str(per_host), "--master-addr", made.addresses[0],
+                                  "--master-port", str(port), "-m", __spec__.name, "--first-step-run", "ddp")
+        commands.append(f"cd {shlex.quote(str(ROOT))} && GLOO_SOCKET_IFNAME={interface} "
+                        f"PYTHONPATH={shlex.quote(str(ROOT))} OMP_NUM_THREADS=1 {shlex.join(torchrun)}")
     start = time.time()
     runs = [subprocess.Popen([*ssh, "-T", address, command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for address, command in zip(made.addresses, commands)]
@@ -126,7 +116,7 @@ def time_torchrun(made: Hosts, per_host: int, port: int) -> float:
     failed = [(i, run.returncode, err) for i, (run, (_, err)) in enumerate(zip(runs, outputs)) if run.returncode]
     if failed:
         raise RuntimeError(f"torchrun failed on host {failed[0][0]} ({failed[0][1]}):\n{failed[0][2][-3000:]}")
-    return stamp(outputs[0][0], "torchrun") - start
+    return first_step_stamp(outputs[0][0], "torchrun") - start
 
 
 def main() -> None:
@@ -145,7 +135,7 @@ def main() -> None:
 
     reason = why_not()
     if reason:
-        sys.exit(f"bench_hosts.py: cannot make hosts as network namespaces here: {reason}")
+        sys.exit(f"scripts.bench.hosts: cannot make hosts as network namespaces here: {reason}")
     times: dict[str, list[float]] = {"harness": [], "torchrun": []}
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
         made = Hosts(Path(tmp), args.hosts)
@@ -162,12 +152,9 @@ def main() -> None:
           f"harness {medians['harness']:.2f} s, torchrun multi-node {medians['torchrun']:.2f} s "
           f"(harness / torchrun {medians['harness'] / medians['torchrun']:.2f})")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "hosts": args.hosts,
-            "workers_per_host": args.per_host, "backend": "gloo", "transport": "socket", "cpu_count": os.cpu_count(),
-            "seconds": times, "median_s": medians, "harness_vs_torchrun": medians["harness"] / medians["torchrun"],
-        }, indent=2) + "\n")
+        write_json(args.out, bench_record(
+            hosts=args.hosts, workers_per_host=args.per_host, backend="gloo", transport="socket", seconds=times,
+            median_s=medians, harness_vs_torchrun=medians["harness"] / medians["torchrun"]))
 
 
 if __name__ == "__main__":

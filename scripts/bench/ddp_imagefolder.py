@@ -1,5 +1,5 @@
 """The input pipeline most people copy: PyTorch's ImageNet example (pytorch/examples, imagenet/main.py)
-under torchrun and DDP. It is the baseline that scripts/bench_data.py measures the harness's own
+under torchrun and DDP. It is the baseline that scripts/bench/data.py measures the harness's own
 imagefolder pipeline against, so it keeps the example's data path as it is: torchvision's ImageFolder
 with RandomResizedCrop(224), a horizontal flip, ToTensor and Normalize, a DistributedSampler, and a
 DataLoader with `--workers` processes per rank and pinned memory. The network is the harness's
@@ -8,7 +8,9 @@ ResNet-50, in channels_last and bf16 autocast, so both sides train the same mode
 Rank 0 prints one JSON line at the end: the wall-clock time (time.time()) at which its first step
 had finished on the GPU, and global images per second over the steps after `--warmup`.
 
-    torchrun --standalone --nproc_per_node 4 scripts/ddp_imagefolder.py --data /tmp/harness-bench-data/jpeg --workers 14
+    torchrun --standalone --nproc_per_node 4 -m scripts.bench.ddp_imagefolder --data /tmp/harness-bench-data/jpeg --workers 14
+
+(from the checkout root). torchvision, which the harness does not need, is imported only to train.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,15 +27,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
-from torchvision import datasets, transforms
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.checkout.datasets import DataInfo  # noqa: E402
-from harness.checkout.models import build_model  # noqa: E402
+from harness.checkout.datasets import DataInfo
+from harness.checkout.models import build_model
 
 
 def make_loader(root: Path, batch_size: int, workers: int) -> tuple[DataLoader, DistributedSampler]:
     """The ImageNet example's training loader, for this rank's share of root/train."""
+    from torchvision import datasets, transforms
     normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     dataset = datasets.ImageFolder(str(root / "train"), transforms.Compose([
         transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize]))

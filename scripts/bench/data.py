@@ -5,7 +5,7 @@ of ImageNet-like JPEGs (`--dataset imagefolder`: decoded and augmented by the ha
 workers) and GPT-2 124M on nanoGPT token files (`--dataset tokens`), each against the same model on
 a synthetic dataset kept on the GPU, which costs no input work: the ceiling (`of_ceiling` is the
 share of it a row reaches). ResNet-50 also runs under torchrun + DDP with torchvision's ImageFolder
-DataLoader, as PyTorch's ImageNet example does (scripts/ddp_imagefolder.py): the baseline to beat.
+DataLoader, as PyTorch's ImageNet example does (scripts/bench/ddp_imagefolder.py): the baseline to beat.
 Tokens are read from a 5 GB and a 0.25 GB file, to show whether worker memory grows with the file.
 
 Each row is one command, timed as a user would meet it: samples/s over the last two thirds of the
@@ -13,28 +13,25 @@ steps, seconds from the command to the end of rank 0's first step, and the memor
 worker with its data-loader processes (proportional set size, so shared pages are not counted
 twice), as Train.py reports it (`worker_rss_mb`) and as sampled here from /proc every 0.5 s
 (`worker_pss_mb`, of which `worker_pss_file_mb` is mapped file pages: page cache, not copies).
-The data is made first (scripts/make_bench_data.py) and reused by later runs.
+The data is made first (scripts/bench/make_data.py) and reused by later runs.
 
-    python scripts/bench_data.py --gpus 4 --out bench/results/data
+    python -m scripts.bench.data --gpus 4 --out bench/results/DATE-DEVICE/data
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_bench_data import make_jpeg_folder, make_token_files  # noqa: E402
+from scripts.bench.common import ROOT, bench_record, module_command, subprocess_env, train_command, write_json
+from scripts.bench.make_data import make_jpeg_folder, make_token_files
+from scripts.bench.processes import kill_tree, worker_pss_mb
 
 PARTS = ("jpeg", "resident", "torchrun", "tokens")
 SMALL_TOKENS_GB = 0.25
@@ -51,10 +48,10 @@ def plan(args: argparse.Namespace, n: int) -> list[dict]:
     """The rows, in order: each model's ceiling first."""
     def train(name: str, model: str, source: str, dataset: list[str], **extra) -> dict:
         batch, steps = (args.batch_size, args.resnet_steps) if model == "resnet50" else (args.gpt_batch, args.gpt_steps)
-        command = [sys.executable, str(ROOT / "Train.py"), "--gpus", ",".join(map(str, range(n))), *MODELS[model],
-                   "--amp", "bf16", "--batch-size", str(batch), *dataset, "--max-steps", str(steps), "--save", "",
-                   "--validate-every", str(steps + 1),    # never: no validation at epoch ends, as in the baseline
-                   "--log-dir", str(args.out / "logs" / name)]
+        command = train_command("--gpus", ",".join(map(str, range(n))), *MODELS[model],
+                                "--amp", "bf16", "--batch-size", str(batch), *dataset, "--max-steps", str(steps),
+                                "--save", "", "--validate-every", str(steps + 1),   # never, as in the baseline
+                                "--log-dir", str(args.out / "logs" / name))
         return {"name": name, "model": model, "source": source, "batch": batch, "steps": steps, **extra,
                 "command": command, "marker": "harness.child"}
 
@@ -75,12 +72,13 @@ def plan(args: argparse.Namespace, n: int) -> list[dict]:
     if "torchrun" in args.parts:
         per_gpu = args.data_workers if args.data_workers is not None else max(1, os.cpu_count() // n - 2)
         steps = args.resnet_steps
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-                   str(ROOT / "scripts" / "ddp_imagefolder.py"), "--data", str(args.data / "jpeg"), "--batch-size",
-                   str(args.batch_size), "--workers", str(per_gpu), "--steps", str(steps), "--warmup", str(steps // 3)]
+        command = module_command("torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+                                 "-m", "scripts.bench.ddp_imagefolder", "--data", str(args.data / "jpeg"),
+                                 "--batch-size", str(args.batch_size), "--workers", str(per_gpu), "--steps", str(steps),
+                                 "--warmup", str(steps // 3))
         rows.append({"name": "resnet50-torchrun-dataloader", "model": "resnet50", "source": "torchrun-dataloader",
                      "batch": args.batch_size, "steps": steps, "data_workers": per_gpu, "command": command,
-                     "marker": "ddp_imagefolder.py"})
+                     "marker": "scripts.bench.ddp_imagefolder"})
     if "resident" in args.parts:
         rows.append(resident("gpt2-124m"))
     if "tokens" in args.parts:
@@ -98,74 +96,6 @@ def make_data(args: argparse.Namespace) -> dict:
         stats["tokens"] = make_token_files(args.data / "tokens", train_gb=args.train_gb)
         stats["tokens-small"] = make_token_files(args.data / "tokens-small", train_gb=SMALL_TOKENS_GB)
     return stats
-
-
-# -- processes, from /proc -----------------------------------------------------------------------
-
-def proc(pid: int, name: str) -> str:
-    """/proc/PID/NAME, or '' once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/{name}").read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name (1: parent pid, 19: start time)."""
-    return proc(pid, "stat").rsplit(")", 1)[-1].split()
-
-
-def process_children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
-        if fields := stat(pid):
-            children.setdefault(int(fields[1]), []).append(pid)
-    return children
-
-
-def subtree(pid: int, children: dict[int, list[int]]) -> list[int]:
-    found, stack = [], [pid]
-    while stack:
-        found.append(stack.pop())
-        stack += children.get(found[-1], [])
-    return found
-
-
-def pss_kb(pid: int) -> tuple[int, int]:
-    """(Pss, Pss_File) of a process in kB, from /proc/PID/smaps_rollup; zeros once it is gone."""
-    fields = dict(line.split()[:2] for line in proc(pid, "smaps_rollup").splitlines() if line.startswith("Pss"))
-    return int(fields.get("Pss:", 0)), int(fields.get("Pss_File:", 0))
-
-
-def worker_pss_mb(root: int, marker: str) -> tuple[float, float]:
-    """The largest worker's PSS with its descendants (its data-loader processes), and the part of it
-    that is file pages (a memory-mapped file: page cache, not copies). Workers are the topmost
-    processes below `root` whose command line holds `marker` (forked loaders inherit it)."""
-    children = process_children()
-    workers, stack = [], list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        if marker in proc(pid, "cmdline").replace("\0", " "):
-            workers.append(pid)
-        else:
-            stack += children.get(pid, [])
-    totals = [tuple(map(sum, zip(*(pss_kb(p) for p in subtree(w, children))))) for w in workers]
-    return tuple(kb / 1024 for kb in max(totals, default=(0, 0)))
-
-
-def kill_tree(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 10 s, to the process group and every descendant (torchrun puts
-    its workers in sessions of their own, so the group alone would miss them). A descendant is
-    signalled only while its start time is the one seen first, so a reused pid is left alone."""
-    started = {pid: stat(pid)[19:20] for pid in subtree(process.pid, process_children())}
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        for pid in (pid for pid, start in started.items() if start and stat(pid)[19:20] == start):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
 
 
 # -- one row -------------------------------------------------------------------------------------
@@ -193,7 +123,7 @@ def train_figures(metrics: Path, t0: float, batch: int, gpus: int, steps: int) -
 
 
 def torchrun_figures(log: Path, t0: float) -> dict:
-    """From the JSON line scripts/ddp_imagefolder.py prints at the end."""
+    """From the JSON line scripts/bench/ddp_imagefolder.py prints at the end."""
     found = [r for r in json_lines(log.read_text(errors="replace")) if "first_step_time" in r]
     if not found:
         return dict.fromkeys(("samples_per_s", "first_step_s", "steps_done"))
@@ -209,7 +139,7 @@ def measure(row: dict, n: int, out: Path, timeout: float) -> dict:
     peak, timed_out = (0.0, 0.0), False
     with log.open("wb") as sink:
         t0 = time.time()
-        process = subprocess.Popen(row["command"], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(row["command"], cwd=ROOT, env=subprocess_env(), stdout=sink, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         while process.poll() is None:
             peak = max(peak, worker_pss_mb(process.pid, row["marker"]))
@@ -289,18 +219,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def write(record: dict, out: Path) -> None:
     set_ceiling_ratios(record["rows"])
-    (out / "bench_data.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json(out / "bench_data.json", record)
     (out / "bench_data.md").write_text(markdown(record["rows"]))
     plot(record["rows"], out / "bench_data.png")
-
-
-def host(n: int) -> dict:
-    try:
-        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                               text=True, timeout=30).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        names = []
-    return {"gpus": n, "gpu_name": names[0].strip() if names else None, "cpu_count": os.cpu_count()}
 
 
 def main() -> None:
@@ -328,8 +249,7 @@ def main() -> None:
     if args.gpus < 1:
         parser.error("no GPU visible; pass --gpus N")
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": host(args.gpus),
-              "command": " ".join(sys.argv), "data": make_data(args), "rows": []}
+    record = bench_record(gpus=args.gpus, data=make_data(args), rows=[])
     print(f"data: {json.dumps(record['data'])}", flush=True)
     for row in plan(args, args.gpus):
         print(f"{row['name']}: {shlex.join(row['command'])}", flush=True)

@@ -1,4 +1,4 @@
-"""Data for the input-pipeline benchmark (scripts/bench_data.py), made on the spot so that it needs
+"""Data for the input-pipeline benchmark (scripts/bench/data.py), made on the spot so that it needs
 no download: a folder of JPEGs laid out as ImageNet is (what torchvision's ImageFolder reads), and
 nanoGPT-style token files (train.bin and val.bin, raw little-endian uint16 token ids).
 
@@ -14,8 +14,8 @@ the image's index.
 A finished folder holds a `.complete` file with the parameters it was made with; a second call with
 the same parameters returns at once, so benchmark runs reuse the data.
 
-    python scripts/make_bench_data.py jpeg /tmp/harness-bench-data/jpeg --images 50000
-    python scripts/make_bench_data.py tokens /tmp/harness-bench-data/tokens --train-gb 5
+    python -m scripts.bench.make_data jpeg /tmp/harness-bench-data/jpeg --images 50000
+    python -m scripts.bench.make_data tokens /tmp/harness-bench-data/tokens --train-gb 5
 """
 from __future__ import annotations
 

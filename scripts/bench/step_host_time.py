@@ -11,28 +11,25 @@ Variants (a name may be repeated with a suffix, e.g. ``none-again``, to see drif
   flat      one all-reduce of the flat gradient after backward
   bucketed  BucketedGradientAveraging (default 25 MB buckets)
   param8    parameter averaging every 8 steps
-  ddp       torch DistributedDataParallel, as in bench_vs_ddp.py
+  ddp       torch DistributedDataParallel, as in scripts/bench/vs_ddp.py
   +fusedopt torch.optim.SGD(fused=True) per parameter instead of the default (foreach)
   +flatopt  fused SGD on the flat buffer as one parameter
 
-    python scripts/step_host_time.py --gpus 4 --variants none flat param8 ddp none-again
+    python -m scripts.bench.step_host_time --gpus 4 --variants none flat param8 ddp none-again
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_vs_ddp import make_variant, spec_for, time_windows  # noqa: E402
+from scripts.bench.common import join, spec_for, time_windows
+from scripts.bench.vs_ddp import make_variant
 
 BASES = {"none": "independent", "hooks": "independent", "flat": "harness-flat", "bucketed": "harness",
-         "param8": "harness-param8", "ddp": "ddp"}     # this script's name: bench_vs_ddp.py's variant
+         "param8": "harness-param8", "ddp": "ddp"}     # this script's name: vs_ddp.py's variant
 
 
 def make_step(variant: str, spec: dict, comm):
-    """bench_vs_ddp.py's step for ``variant``'s base, with its extras; returns (step, what to keep
+    """vs_ddp.py's step for ``variant``'s base, with its extras; returns (step, what to keep
     alive, hooks to remove afterwards)."""
     import torch
     base = next(b for b in BASES if variant.startswith(b))
@@ -57,11 +54,7 @@ def worker(ctx, model_name: str, variants: list[str], windows: int, steps: int) 
     import statistics
 
     import torch
-    from harness.collectives.store import init_torch_distributed
-    torch.cuda.set_device(0)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    comm = ctx.communicator()
-    init_torch_distributed(ctx, "nccl")
+    comm = join(ctx)
     spec = spec_for(model_name)
     out = {}
     for variant in variants:

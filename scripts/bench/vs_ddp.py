@@ -8,67 +8,21 @@ all-reduce after backward: --grad-sync flat); and in param mode with --avg-every
 clock around each window). Time to first step is measured from the command: `python` running the
 harness against `torchrun` running DDP, each to the end of rank 0's first step.
 
-    python scripts/bench_vs_ddp.py --gpus 2 4 --models mlp resnet50 gpt2-124m --out bench/results/vs-ddp
+    python -m scripts.bench.vs_ddp --gpus 2 4 --models mlp resnet50 gpt2-124m --out bench/results/DATE-DEVICE/vs-ddp
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from harness.collectives.store import init_torch_distributed  # noqa: E402
+from scripts.bench.common import (FIRST_STEP, MODELS, ROOT, autocast_for, bar_chart, bench_record, build,
+                                  first_step_stamp, join, median_step, module_command, spec_for, subprocess_env,
+                                  write_json)
 
-MODELS = {   # name: (registry model, model options, DataInfo args, per-GPU batch, bf16, channels_last)
-    "mlp": ("mlp", {"hidden": [512, 512]}, ("image", (1, 28, 28), 10), 128, False, False),
-    "resnet50": ("resnet50", {}, ("image", (3, 224, 224), 1000), 128, True, True),
-    "gpt2-124m": ("gpt", {"size": "124m"}, ("tokens", (1024,), 50257), 16, True, False),
-}
 VARIANTS = ("single", "independent", "ddp", "harness", "harness-flat", "harness+graph", "harness-param8")
-
-
-def spec_for(name: str) -> dict:
-    if name in MODELS:
-        model, options, info, batch, bf16, channels_last = MODELS[name]
-    else:            # any registry model, on small synthetic images
-        model, options, info, batch, bf16, channels_last = name, {}, ("image", (3, 32, 32), 10), 128, False, False
-    return {"name": name, "model": model, "options": options, "info": info, "batch": batch, "bf16": bf16,
-            "channels_last": channels_last}
-
-
-def build(spec: dict, seed: int = 0):
-    import torch
-    from harness.checkout.datasets import DataInfo
-    from harness.checkout.models import build_model
-    torch.manual_seed(seed)
-    kind, shape, classes = spec["info"]
-    info = DataInfo(kind, tuple(shape), classes)
-    model = build_model(spec["model"], info, **spec["options"]).cuda()
-    if spec["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
-    if kind == "tokens":
-        x = torch.randint(0, classes, (spec["batch"], *shape), device="cuda")
-        y = torch.randint(0, classes, (spec["batch"], *shape), device="cuda")
-    else:
-        x = torch.randn(spec["batch"], *shape, device="cuda")
-        if spec["channels_last"]:
-            x = x.contiguous(memory_format=torch.channels_last)
-        y = torch.randint(0, classes, (spec["batch"],), device="cuda")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return model, optimizer, x, y
-
-
-def autocast_for(spec: dict):
-    import contextlib
-    import torch
-    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if spec["bf16"] else contextlib.nullcontext
 
 
 def make_variant(variant: str, spec: dict, comm):
@@ -112,31 +66,6 @@ def make_variant(variant: str, spec: dict, comm):
     return step, (model, train_step)
 
 
-def time_windows(step, warmup: int, windows: int, per_window: int,
-                 before_window=lambda: None) -> tuple[list[float], list[float]]:
-    """Seconds per step in each timed window: (wall, host). Wall runs until the GPU has finished
-    the window; host until the last step's call returned (host ~ wall: the host is the bottleneck)."""
-    import torch
-    for _ in range(warmup):
-        step()
-    walls, hosts = [], []
-    for _ in range(windows):
-        torch.cuda.synchronize()
-        before_window()
-        start = time.perf_counter()
-        for _ in range(per_window):
-            step()
-        hosts.append((time.perf_counter() - start) / per_window)
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - start) / per_window)
-    return walls, hosts
-
-
-def time_steps(step, warmup: int, windows: int, per_window: int) -> float:
-    """Median wall seconds per step over the timed windows."""
-    return statistics.median(time_windows(step, warmup, windows, per_window)[0])
-
-
 def profile_steps(step, steps: int = 5) -> dict:
     """Where a step's time goes: host (CPU) time against device (GPU kernel) time per step, and the
     operators with the most host time. A step is launch-bound when the first exceeds the second."""
@@ -154,18 +83,6 @@ def profile_steps(step, steps: int = 5) -> dict:
             "gpu_table": events.table(sort_by="self_device_time_total", row_limit=8, max_name_column_width=48)}
 
 
-def join(ctx):
-    """A benchmark worker's start: its GPU, cuDNN autotuning and TF32 on, this harness's communicator
-    and torch.distributed's default group (for DDP) over the same ranks. Returns the communicator."""
-    import torch
-    torch.cuda.set_device(0)
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    comm = ctx.communicator()
-    init_torch_distributed(ctx, "nccl")
-    return comm
-
-
 def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windows: int, per_window: int,
                  profile: bool = False) -> dict:
     import torch
@@ -179,7 +96,7 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
                 comm.barrier()
                 continue
             step, keep = make_variant(variant, spec, comm)
-            seconds = time_steps(step, warmup, windows, per_window)
+            seconds = median_step(step, warmup, windows, per_window)
             results[f"{spec['name']}/{variant}"] = seconds
             if profile:            # on every rank: a rank profiling alone would be a lone collective caller
                 found = profile_steps(step)
@@ -216,7 +133,7 @@ def first_step(spec: dict, comm=None) -> None:
         optimizer.step()
         torch.cuda.synchronize()
         if dist.get_rank() == 0:
-            print(f"FIRST_STEP {time.time()}", flush=True)
+            print(f"{FIRST_STEP} {time.time()}", flush=True)
         dist.destroy_process_group()
         return
     flat = FlatParameters(model)
@@ -240,20 +157,18 @@ def run_first_step(kind: str, spec: dict, n: int) -> None:
     with Parent() as parent:
         kids = parent.fork(n, gpus=list(range(n)))
         kids.exec(harness_first_step, spec)
-        print(f"FIRST_STEP {kids.wait()[0]}", flush=True)
+        print(f"{FIRST_STEP} {kids.wait()[0]}", flush=True)
 
 
 def time_to_first_step(kind: str, spec_name: str, n: int) -> float:
-    me = [str(Path(__file__).resolve()), "--first-step-run", kind, "--models", spec_name, "--gpus", str(n)]
-    command = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *me]
-               if kind == "ddp" else [sys.executable, *me])
+    me = ["-m", __spec__.name, "--first-step-run", kind, "--models", spec_name, "--gpus", str(n)]
+    command = (module_command("torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *me)
+               if kind == "ddp" else module_command(*me[1:]))
     start = time.time()
-    out = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
-    stamps = [float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("FIRST_STEP ")]
-    if out.returncode != 0 or not stamps:
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=subprocess_env())
+    if out.returncode != 0:
         raise RuntimeError(f"{kind} first-step run failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    return stamps[0] - start
+    return first_step_stamp(out.stdout, f"the {kind} first-step run") - start
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -282,24 +197,6 @@ def print_rows(rows: list[dict]) -> None:
     for r in rows:
         print(f"{r['model']:10} {r['gpus']:>4} {r['variant']:15} {r['step_ms']:>8.3f} {r['samples_per_s']:>10.0f} "
               f"{r['scaling_efficiency']:>8.1%} {r['of_ceiling']:>10.1%} {r['vs_ddp']:>7.2f}")
-
-
-def bar_chart(panels: list[tuple[str, list[str], list[float], list[str]]], ylabel: str, path: Path,
-              baseline: float | None = None) -> None:
-    """One bar panel per (title, labels, values, colours), side by side, saved as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
-    for ax, (title, labels, values, colours) in zip(axes[0], panels):
-        ax.bar(labels, values, color=colours)
-        if baseline is not None:
-            ax.axhline(baseline, color="k", lw=0.8)
-        ax.set_title(title)
-        ax.set_ylabel(ylabel)
-        ax.tick_params(axis="x", rotation=60)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -350,11 +247,9 @@ def main() -> None:
             print(f"time to first step, {args.first_step_model} on {n} GPUs: harness {first[n]['harness']:.2f} s, "
                   f"torchrun + DDP {first[n]['ddp']:.2f} s")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-                  "warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps,
-                  "rows": rows, "time_to_first_step_s": first}
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.out.with_suffix(".json"), bench_record(
+            warmup=args.warmup, windows=args.windows, steps_per_window=args.steps, rows=rows,
+            time_to_first_step_s=first))
         plot(rows, args.out.with_suffix(".png"))
 
 

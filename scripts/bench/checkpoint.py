@@ -6,7 +6,7 @@ neither saves at epoch ends (--save-every is set past the run), so the only diff
 periodic saves. The rate is updates per second from the end of the first update to the end of the
 run (the "first_step" and "done" records of metrics.jsonl); runs alternate, --repeats times each.
 
-    python scripts/bench_checkpoint.py --gpus 0,1 --steps 500 --save-every-steps 100 \\
+    python -m scripts.bench.checkpoint --gpus 0,1 --steps 500 --save-every-steps 100 \\
         --train-flags "--model resnet50 --dataset synthetic --dataset-options '{...}' --batch-size 128 --amp bf16"
 """
 from __future__ import annotations
@@ -15,31 +15,21 @@ import argparse
 import json
 import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from harness.training.metrics import read_metrics  # noqa: E402
+from scripts.bench.common import append_jsonl, bench_record, run_train, updates_per_s
 
 
-def updates_per_s(train_flags: list[str], work: Path, name: str, steps: int, save_every: int) -> float:
-    log_dir = work / name
-    command = [sys.executable, str(ROOT / "Train.py"), *train_flags, "--max-steps", str(steps),
-               "--save", str(work / f"{name}.pt"), "--save-every", "1000000", "--log-dir", str(log_dir),
-               *(["--save-every-steps", str(save_every)] if save_every else [])]
-    out = subprocess.run(command, cwd=work, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"Train.py failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    records = read_metrics(log_dir / "metrics.jsonl")
-    first = next(r for r in records if r["event"] == "first_step")
-    done = next(r for r in records if r["event"] == "done")
+def measure(train_flags: list[str], work: Path, name: str, steps: int, save_every: int) -> float:
+    """Updates per second of one Train.py run, saving every ``save_every`` updates (0: never)."""
+    flags = [*train_flags, "--max-steps", str(steps), "--save", str(work / f"{name}.pt"), "--save-every", "1000000",
+             *(["--save-every-steps", str(save_every)] if save_every else [])]
+    records = run_train(flags, work / name, cwd=work)
     saves = sum(r["event"] == "saved" for r in records)
     if save_every and saves < steps // save_every:
         raise RuntimeError(f"{name}: {saves} saves reported, expected {steps // save_every}")
-    return (done["step"] - first["step"]) / (done["time"] - first["time"])
+    return updates_per_s(records)
 
 
 def main() -> None:
@@ -56,17 +46,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as tmp:
         for repeat in range(args.repeats):
             for variant, every in (("without", 0), ("with", args.save_every_steps)):
-                rates[variant].append(updates_per_s(flags, Path(tmp), f"{variant}-{repeat}", args.steps, every))
+                rates[variant].append(measure(flags, Path(tmp), f"{variant}-{repeat}", args.steps, every))
                 print(variant, f"{rates[variant][-1]:.3f} updates/s", flush=True)
     without, with_saves = statistics.median(rates["without"]), statistics.median(rates["with"])
-    row = {"model": flags[flags.index("--model") + 1] if "--model" in flags else "mlp",
-           "gpus": len(args.gpus.split(",")) if args.gpus else 0, "save_every_steps": args.save_every_steps, "steps": args.steps,
-           "updates_per_s_without": without, "updates_per_s_with": with_saves,
-           "overhead_pct": 100 * (without / with_saves - 1), "runs": rates}
+    row = bench_record(model=flags[flags.index("--model") + 1] if "--model" in flags else "mlp",
+                       gpus=len(args.gpus.split(",")) if args.gpus else 0, save_every_steps=args.save_every_steps,
+                       steps=args.steps, updates_per_s_without=without, updates_per_s_with=with_saves,
+                       overhead_pct=100 * (without / with_saves - 1), runs=rates)
     print(json.dumps(row))
     if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(args.out, row)
 
 
 if __name__ == "__main__":

@@ -19,22 +19,17 @@ per GPU), each variant in turn from a freshly built model, on the same per-GPU m
 fused over the parameters, and foreach and fused over FlatParameters' single buffer (one tensor:
 the "one kernel over the whole buffer" variant).
 
-    python scripts/bench_recipe.py --gpus 2 --out bench/results/recipe
+    python -m scripts.bench.recipe --gpus 2 --out bench/results/DATE-DEVICE/recipe
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from scripts.bench_vs_ddp import autocast_for, build, join, spec_for, time_windows  # noqa: E402
+from scripts.bench.common import autocast_for, bench_record, build, join, median_step, spec_for, time_windows, write_json
 
 VARIANTS = ("ddp", "harness", "ddp-eager", "harness-eager", "harness+graph")
 TOTAL, WARMUP_LR = 10_000, 100          # the schedule's length and warm-up, in updates
@@ -123,7 +118,7 @@ def bench_worker(ctx, specs: list[dict], variants: list[str], warmup: int, windo
             step()                          # compiles, where it compiles
             torch.cuda.synchronize()
             results[f"{spec['name']}/{variant}/first_update_s"] = time.perf_counter() - began
-            results[f"{spec['name']}/{variant}"] = statistics.median(time_windows(step, warmup, windows, per_window)[0])
+            results[f"{spec['name']}/{variant}"] = median_step(step, warmup, windows, per_window)
             del step, keep
             torch.compiler.reset()
             torch.cuda.empty_cache()
@@ -192,7 +187,6 @@ def main() -> None:
     args = parser.parse_args()
     from harness import Parent
     specs = [spec_for(m) for m in args.models]
-    record: dict = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat()}
     with Parent() as parent:
         if args.optimizer_only:
             kids = parent.fork(1, gpus=[0])
@@ -213,10 +207,8 @@ def main() -> None:
                 print(f"{r['model']:10} {r['gpus']} GPUs {r['variant']:14} {r['update_ms']:9.2f} ms/update "
                       f"{rate:12.0f}/s  vs DDP {r['vs_ddp_same_compile']:.3f}  compile gain {gain}  "
                       f"first update {r['first_update_s']:.1f} s")
-    record["rows"] = rows
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.out.with_suffix(".json"), bench_record(rows=rows))
 
 
 if __name__ == "__main__":

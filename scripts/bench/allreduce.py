@@ -5,19 +5,15 @@ Bus bandwidth follows nccl-tests: busbw = 2(n-1)/n * bytes / time. Each size is 
 events around ITERS back-to-back in-place float32 sums on the current stream, after warm-up; the
 two paths alternate and each reports the median over REPEATS windows.
 
-    python scripts/bench_allreduce.py --gpus all --out bench/results/allreduce-4xH200
+    python -m scripts.bench.allreduce --gpus all --out bench/results/DATE-DEVICE/allreduce
 """
+from __future__ import annotations
+
 import argparse
-import datetime
-import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness import Parent  # noqa: E402
-from harness.collectives.store import init_torch_distributed  # noqa: E402
-from harness.launch.placement import resolve_gpus  # noqa: E402
+from scripts.bench.common import bench_record, join, write_json
 
 SIZES = [4 << 10 << 2 * i for i in range(10)]          # 4 KiB, 16 KiB, ... 1 GiB
 
@@ -25,9 +21,7 @@ SIZES = [4 << 10 << 2 * i for i in range(10)]          # 4 KiB, 16 KiB, ... 1 Gi
 def measure(ctx, sizes, repeats):
     import torch
     import torch.distributed as dist
-    torch.cuda.set_device(0)
-    comm = ctx.communicator()
-    init_torch_distributed(ctx, "nccl")
+    comm = join(ctx)
     paths = {"harness": lambda t: comm.all_reduce(t), "torch.distributed": lambda t: dist.all_reduce(t)}
     results = {name: {} for name in paths}
     for nbytes in sizes:
@@ -79,6 +73,8 @@ def main() -> None:
     parser.add_argument("--max-mib", type=int, default=1024)
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.png")
     args = parser.parse_args()
+    from harness import Parent
+    from harness.launch.placement import resolve_gpus
     gpus = resolve_gpus(args.gpus)
     sizes = [s for s in SIZES if s <= args.max_mib << 20]
     with Parent() as parent:
@@ -91,10 +87,7 @@ def main() -> None:
         print(f"{nbytes:>10} | {h['time_us']:>11.1f} {h['busbw_GBps']:>11.2f} | {t['time_us']:>11.1f} "
               f"{t['busbw_GBps']:>11.2f} | {h['busbw_GBps'] / t['busbw_GBps']:.3f}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": " ".join(sys.argv), "gpus": len(gpus), "repeats": args.repeats,
-                  "date": datetime.date.today().isoformat(), "results": results}
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.out.with_suffix(".json"), bench_record(gpus=len(gpus), repeats=args.repeats, results=results))
         plot(results, len(gpus), args.out.with_suffix(".png"))
 
 

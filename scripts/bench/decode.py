@@ -1,29 +1,27 @@
 """How fast each JPEG decoder turns files into training crops: one CPU core, and one GPU.
 
-bench_data.py measures whole training runs; this one takes the input pipeline apart, to say which
+scripts/bench/data.py measures whole training runs; this one takes the input pipeline apart, to say which
 stage a decoder loses in. On one CPU core: the image folder's samples with simplejpeg and with
 Pillow (decode + RandomResizedCrop + flip, as a loader process does). On the GPU: nvjpeg batches
 (torchvision's decode_jpeg on the whole batch), first the decode alone, then with the per-image
 crops, resizes and flips of datasets/nvjpeg.py.
 
-    python scripts/bench_decode.py --images 2000 --out bench/results/decode.json
+    python -m scripts.bench.decode --images 2000 --out bench/results/DATE-DEVICE/decode.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-from harness.checkout.datasets.imagefolder import ImageFolder, class_names  # noqa: E402
-from harness.checkout.datasets import nvjpeg  # noqa: E402
-from harness.data.pipeline import Seeded  # noqa: E402
-from make_bench_data import make_jpeg_folder  # noqa: E402
+from harness.checkout.datasets import nvjpeg
+from harness.checkout.datasets.imagefolder import ImageFolder, class_names
+from harness.data.pipeline import Seeded
+from scripts.bench.common import bench_record, write_json
+from scripts.bench.make_data import make_jpeg_folder
 
 
 def per_second(count: int, run) -> float:
@@ -69,12 +67,11 @@ def main() -> None:
             torch.cuda.synchronize()
         rates["gpu_nvjpeg_decode"] = per_second(count, decode_only)
         rates["gpu_nvjpeg_decode_crop"] = per_second(count, decode_and_crop)
-    result = {"images_per_s": {k: round(v, 1) for k, v in rates.items()}, "command": " ".join(sys.argv),
-              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    result = bench_record(images_per_s={k: round(v, 1) for k, v in rates.items()},
+                          gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     print(json.dumps(result, indent=1))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

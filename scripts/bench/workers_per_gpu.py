@@ -7,21 +7,16 @@ The step time is the median over timed windows after warm-up, the slowest rank's
 G * K * batch / step time; "gain" is that over K = 1 without MPS on the same GPUs. With MPS, a
 private control daemon is started for the configuration (nothing else on the machine changes).
 
-    python scripts/bench_workers_per_gpu.py --gpus 1 4 --models mlp cnn --out bench/results/workers-per-gpu
+    python -m scripts.bench.workers_per_gpu --gpus 1 4 --models mlp cnn --out bench/results/DATE-DEVICE/workers-per-gpu
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_vs_ddp import autocast_for, bar_chart, build, spec_for, time_steps  # noqa: E402
+from scripts.bench.common import autocast_for, bar_chart, bench_record, build, median_step, spec_for, write_json
 
 
 def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float:
@@ -38,7 +33,7 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
     sync = BucketedGradientAveraging(comm, flat)
     sync.start()
     step = TrainStep(model, optimizer, flat, sync, loss_fn, autocast_for(spec))
-    return time_steps(lambda: step(x, y), warmup, windows, per_window)
+    return median_step(lambda: step(x, y), warmup, windows, per_window)
 
 
 def measure(spec: dict, gpus: int, k: int, mps: bool, args: argparse.Namespace) -> float:
@@ -111,10 +106,8 @@ def main() -> None:
     table = rows(results, specs)
     print_rows(table)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-                  "warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps, "rows": table}
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.out.with_suffix(".json"), bench_record(
+            warmup=args.warmup, windows=args.windows, steps_per_window=args.steps, rows=table))
         plot(table, args.out.with_suffix(".png"))
 
 

@@ -1,0 +1,23 @@
+"""Benchmarks: this harness side by side with the usual alternative, on the same machine in the same run.
+
+Each is ``python -m scripts.bench.NAME --help`` from the checkout root. Those that write results
+write JSON (and a PNG) that records the command, the date and the device (``common.bench_record``);
+results worth keeping go to bench/results/DATE-DEVICE-WHAT/ with a README.md giving the command.
+
+    allreduce         all-reduce bus bandwidth and latency against torch.distributed (GPUs)
+    vs_ddp            training step against DDP: ceiling, bucketed, flat, graphed, param mode (GPUs)
+    recipe            a modern recipe (compile, accumulation, fused AdamW) against nanoGPT's DDP loop (GPUs)
+    step_host_time    per rank, host time against wall time per step: what each kind of sync costs (GPUs)
+    workers_per_gpu   samples/s with K workers per GPU, with and without MPS (GPUs)
+    checkpoint        Train.py with and without frequent background checkpoints
+    torchrun_restart  torchrun + DDP's restart after a SIGKILL, beside healing in place (GPUs)
+    control           control plane: join/yield latency and array throughput against multiprocessing
+    hosts             time to first step across hosts (network namespaces, ssh) against torchrun (root)
+    data              the input pipelines against a GPU-resident ceiling and torchrun's DataLoader (GPUs)
+    decode            images/s per JPEG decoder and stage (one CPU core; nvJPEG on a GPU)
+    make_data         the data ``data`` and ``decode`` run on: ImageNet-like JPEGs, nanoGPT token files
+    ddp_imagefolder   the baseline ``data`` runs under torchrun: PyTorch's ImageNet example's loader
+
+Shared pieces: ``common`` (models, timing, records, Train.py and module subprocesses, charts) and
+``processes`` (a command's process tree and memory, from /proc).
+"""
