@@ -1,5 +1,6 @@
 """The fork/exec/join/send/receive API on CPU children, sharing one group across tests."""
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,10 +154,36 @@ class _NeedsTwoArguments(Exception):
         super().__init__(a)
 
 
-def test_an_authentic_but_undecodable_reply_is_an_error_not_a_hang(kids):
-    import time
-    kids.exec(lambda ctx: _NeedsTwoArguments(1, 2) if ctx.rank == 1 else "fine")
-    time.sleep(1.0)                     # let the housekeeping thread be the one that receives it
+def marked(marker: Path, fn):
+    """``fn(ctx)`` in a child that creates ``marker``-RANK as it ends (by returning or raising)."""
+    def run(ctx):
+        try:
+            return fn(ctx)
+        finally:
+            Path(f"{marker}-{ctx.rank}").touch()
+    return run
+
+
+def await_marks(marker: Path, ranks) -> None:
+    """Wait for the children of ``ranks`` to have created their marks (the test does not hold the
+    parent's socket meanwhile: its housekeeping thread receives what they send)."""
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{marker}-{rank}").exists() for rank in ranks):
+        assert time.monotonic() < deadline, f"no mark from every one of ranks {list(ranks)}"
+        time.sleep(0.01)
+
+
+def reply_or_wait(ctx):
+    """Rank 1 replies with what the parent cannot unpickle; the others wait for the abort the parent
+    sends once it has read that reply."""
+    if ctx.rank == 1:
+        return _NeedsTwoArguments(1, 2)
+    return ctx.receive()
+
+
+def test_an_authentic_but_undecodable_reply_is_an_error_not_a_hang(kids, tmp_path):
+    kids.exec(marked(tmp_path / "mark", reply_or_wait))
+    await_marks(tmp_path / "mark", [0, 2])          # the housekeeping thread has read rank 1's reply
     with pytest.raises(ChildError, match="could not decode") as info:
         kids.wait()
     assert info.value.rank == 1
@@ -198,13 +225,13 @@ def test_exchange_refuses_bad_rank_lists(kids, ranks, message):
         kids.wait()
 
 
-def test_exchange_members_must_agree_on_the_ranks(kids):
+def test_exchange_members_must_agree_on_the_ranks(kids, tmp_path):
     def disagree(ctx):
-        time.sleep(0.2 * ctx.rank)                  # ranks 1 and 2 are refused in turn
         return ctx.exchange("t", 1, ranks=[0, 1] if ctx.rank == 0 else [0, 1, 2])
-    kids.exec(disagree)
-    # Meanwhile the housekeeping thread takes every message, also rank 1's PeerFailed (caused by
-    # the abort that rank 2's refusal sent): the first error must still be the one reported.
-    time.sleep(1.5)
+    kids.exec(marked(tmp_path / "mark", disagree))
+    # Whichever lists its ranks first, the others' lists are refused, and the abort each refusal
+    # sends ends every rank's exchange in PeerFailed. Meanwhile the housekeeping thread takes every
+    # message, the PeerFailed errors too: the first error must still be the one reported.
+    await_marks(tmp_path / "mark", range(3))
     with pytest.raises(ChildError, match="every member must pass the same"):
         kids.wait()

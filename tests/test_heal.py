@@ -8,55 +8,36 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import descendants, kill_quietly
 import Train
+from harness.training import ConfigError
+from harness.training.checks import heals_in_place
 from harness import ChildFailed, Parent
-from harness.child import Context
 from harness.resilience.heal import Ticket, Where, rewind
 from harness.training.optim import FUSED, build_optimizer
 from harness.resilience.checkpoint import load_checkpoint
-from harness.training.metrics import read_metrics
-from harness.control.spawn import Starter
-from scripts.soak_heal import soak
-from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
-from test_recovery import workers_of
-from test_train import flat_params, run_train
+from tests.helpers.processes import descendants, kill_quietly
+from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.slow_model import SPEC as SLOW_MODEL
+from tests.helpers.soak import soak
+from tests.helpers.training import flat_params, run_train
 
-FLAGS = ["--model", "slow_model:model", "--model-options", '{"delay": 0.03}', "--batch-size", "8",
+SOAK_LIMIT = 240.0          # seconds: below pytest's timeout (300 s, pyproject.toml)
+FLAGS = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.03}', "--batch-size", "8",
          "--cpu-workers", "3", "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "3"]
-
-
-def records_of(tmp_path, event: str) -> list[dict]:
-    return [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == event]
 
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The checkpoint of FLAGS' uninterrupted run, which a healed or restarted run must equal bit for bit."""
-    directory = tmp_path_factory.mktemp("straight")
-    (directory / "slow_model.py").write_text(SLOW_MODEL)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(directory))
-        return run_train(directory, *FLAGS, name="straight")[1]
-
-
-def recovered(count: int):
-    """A wait condition: ``count`` heals done, and training has reported an update since."""
-    def found(records):
-        events = [r["event"] for r in records]
-        return events.count("recovered") == count and "step" in events[len(events) - events[::-1].index("recovered"):]
-    return found
+    return run_train(tmp_path_factory.mktemp("straight"), *FLAGS, name="straight")[1]
 
 
 def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, straight):
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, recovered(1))
@@ -77,12 +58,10 @@ def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrup
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))      # bit for bit
 
 
-def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_whole(tmp_path, monkeypatch):
+def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_whole(tmp_path):
     """Rank 0 writes the checkpoints: SIGKILL it while its temp file is being written (an 80 MB
     buffer makes that take a while). The previous checkpoint stays whole, the run heals and ends
     bit for bit as the uninterrupted one, and the next save clears the dead writer's temp file."""
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    monkeypatch.syspath_prepend(str(tmp_path))
     flags = [*FLAGS, "--model-options", '{"delay": 0.03, "ballast": 20000000}']
     process = start_train(tmp_path, *flags, "--max-restarts", "1")
     writer = records_of(tmp_path, "workers")[0]["pids"][0]
@@ -104,7 +83,6 @@ def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_who
 
 
 def test_param_mode_heals_from_the_survivors_average(tmp_path):
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
     process = start_train(tmp_path, *FLAGS, "--mode", "param", "--avg-every", "4", "--max-restarts", "1")
     os.kill(workers_of(process)[2], signal.SIGKILL)
     status, err, left, out = finish(process, tmp_path)
@@ -118,7 +96,6 @@ def test_param_mode_heals_from_the_survivors_average(tmp_path):
 
 def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tmp_path, straight):
     """The second death is found while the first is being healed: the group restarts instead."""
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
     # No hang in this test: a longer heartbeat timeout keeps a restarted worker that is slow to start
     # on a busy 2-core machine from counting as hung.
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heartbeat-timeout", "15")
@@ -138,7 +115,6 @@ def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tm
 
 
 def test_heals_spend_the_restart_budget_and_then_the_run_ends_with_one_clear_error(tmp_path):
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "1")
     os.kill(workers_of(process)[0], signal.SIGKILL)
     wait_for_record(process, tmp_path, recovered(1))
@@ -222,28 +198,46 @@ def test_a_second_death_soon_after_the_first_takes_the_spare_that_is_still_impor
     assert [r[1:] for r in results] == [(2, 2), (1, 2), (0, 2)]     # heals seen by each, and the generation
 
 
+def place(ctx) -> tuple:
+    """Where a child works: rank, generation, GPU, device, and the GPUs it sees."""
+    return ctx.rank, ctx.generation, ctx.gpu, str(ctx.device), os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+def report_place_across_a_heal(ctx) -> tuple:
+    """Every rank sends its place; the survivor waits out the heal (the test kills rank 1 while both
+    wait for a message); every rank of the healed group returns its place."""
+    ctx.send(place(ctx))
+    if ctx.replacing is None:
+        try:
+            ctx.receive()
+        except RuntimeError:                # the peer's death aborts the wait
+            ctx.await_heal()
+    return place(ctx)
+
+
+def environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(entry.decode().split("=", 1) for entry in f.read().split(b"\0") if b"=" in entry)
+
+
 def test_a_gpu_groups_spare_sees_the_groups_gpus_and_takes_the_dead_ranks_own(monkeypatch):
     """A GPU group's warm spare starts with every GPU of the group visible and none its own; told to
-    assume rank 1, it works on rank 1's GPU, by that GPU's index among those it sees."""
-    started = []
-
-    class Launcher:
-        remote = False
-
-        def start(self, host, env):
-            started.append(env)
-            return subprocess.Popen([sys.executable, "-c", ""], stderr=subprocess.PIPE)
-
-    environments = [{"HARNESS_GPU": gpu, "CUDA_VISIBLE_DEVICES": gpu} for gpu in ("3", "5")]
-    Starter(Launcher(), ["localhost"] * 2, environments, keep_spare=True).start_group()
-    spare = started[-1]
-    assert (spare["HARNESS_IDENTITY"], spare["CUDA_VISIBLE_DEVICES"], spare["HARNESS_GPU"]) == ("spare:0", "3,5", "")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spare["CUDA_VISIBLE_DEVICES"])
-    monkeypatch.setenv("HARNESS_RANK", "0")
-    ctx = Context(0, 2, None, lambda c: None)
-    assert ctx.device == torch.device("cpu")
-    ctx.dispatch(None, ("assume", None, {"rank": 1, "generation": 1, "gpu": "5"}))
-    assert (ctx.rank, ctx.generation, ctx.gpu, ctx.device) == (1, 1, "5", torch.device("cuda", 1))
+    assume rank 1, it works on rank 1's GPU, by that GPU's index among those it sees. Neither the
+    parent nor these children touch CUDA, so six GPUs named in CUDA_VISIBLE_DEVICES do on any machine."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5")
+    with Parent(heartbeat_timeout=5.0) as parent:
+        kids = parent.fork(2, gpus=[3, 5], heal=True)
+        [spare] = set(descendants(os.getpid())) - set(kids.pids)
+        assert (environ(spare)["CUDA_VISIBLE_DEVICES"], environ(spare)["HARNESS_GPU"]) == ("3,5", "")
+        kids.exec(report_place_across_a_heal)
+        assert kids.receive() == [(0, 0, "3", "cuda:0", "3"), (1, 0, "5", "cuda:0", "5")]
+        os.kill(kids.pids[1], signal.SIGKILL)
+        with pytest.raises(ChildFailed, match="child 1 was killed"):
+            kids.wait()
+        kids.replace(1)
+        assert kids.pids[1] == spare
+        assert kids[1].receive() == (1, 1, "5", "cuda:1", "3,5")
+        assert kids.wait() == [(0, 1, "3", "cuda:0", "3"), (1, 1, "5", "cuda:1", "3,5")]
 
 
 def test_replace_needs_a_group_forked_to_heal():
@@ -254,8 +248,9 @@ def test_replace_needs_a_group_forked_to_heal():
 
 
 def test_soak_of_twenty_kills_and_hangs_every_run_ends_bit_exact_with_nothing_left():
-    """scripts/soak_heal.py: 2 runs, 10 signals each (SIGKILL and SIGSTOP at random moments)."""
-    rows = soak(runs=2, kills=10)
+    """The heal soak (tests/helpers/soak.py): 2 runs, 10 signals each (SIGKILL and SIGSTOP at random
+    moments). Its time limit ends it, and every process of it, well before pytest's timeout would."""
+    rows = soak(runs=2, kills=10, time_limit=SOAK_LIMIT)
 
     assert sum(row["kills"] for row in rows) == 20
     assert {"SIGKILL", "SIGSTOP"} <= {s for row in rows for s in row["signals"]}
@@ -309,12 +304,12 @@ def test_a_ticket_lets_every_fused_optimizer_apply_an_update_only_where_every_ra
                                           (["--workers-per-gpu", "2"], "--workers-per-gpu 2")])
 def test_gpu_workers_heal_in_place_where_their_updates_can_be_guarded_and_else_restart(flags, limit):
     default = Train.parse_args(["--max-restarts", "2", *flags])
-    assert Train.heals_in_place(default, gpus=[0, 1]) is (limit is None)
-    assert Train.heals_in_place(default, gpus=[]) is True
-    assert Train.heals_in_place(Train.parse_args(["--max-restarts", "2", "--heal", "off", *flags]), gpus=[0, 1]) is False
+    assert heals_in_place(default, gpus=[0, 1]) is (limit is None)
+    assert heals_in_place(default, gpus=[]) is True
+    assert heals_in_place(Train.parse_args(["--max-restarts", "2", "--heal", "off", *flags]), gpus=[0, 1]) is False
     asked = Train.parse_args(["--max-restarts", "2", "--heal", "on", *flags])
     if limit is None:
-        assert Train.heals_in_place(asked, gpus=[0, 1]) is True
+        assert heals_in_place(asked, gpus=[0, 1]) is True
     else:
-        with pytest.raises(Train.ConfigError, match=f"not with {re.escape(limit)}; drop --heal on"):
-            Train.heals_in_place(asked, gpus=[0, 1])
+        with pytest.raises(ConfigError, match=f"not with {re.escape(limit)}; drop --heal on"):
+            heals_in_place(asked, gpus=[0, 1])

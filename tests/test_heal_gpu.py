@@ -11,13 +11,12 @@ import signal
 import pytest
 import torch
 
-from conftest import has_gpus, kill_quietly
 from harness.training.metrics import read_metrics
 from harness.training.step import HEAL_DEPTH
-from test_heal import recovered, records_of
-from test_interrupt import finish, left_in_tmp, start_train, wait_for_record
-from test_recovery import workers_of
-from test_train import flat_params, run_train
+from tests.helpers.gpus import has_gpus
+from tests.helpers.processes import kill_quietly
+from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.training import flat_params, run_train
 
 pytestmark = pytest.mark.gpu
 

@@ -15,17 +15,20 @@ import time
 import pytest
 import torch
 
-from conftest import harness_children, wait_gone
 import Train
+from harness.launch import make_launcher
+from harness.training.checks import plan_workers
 from harness import ChildFailed, Parent
 from harness.collectives.hierarchical import HierarchicalCommunicator
 from harness.launch.placement import assign_on_hosts
 from harness.launch.launchers import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
-from netns_hosts import Hosts, why_no_slurm, why_not
 from harness.training.metrics import read_metrics
-from scripts.soak_heal import SLOW_MODEL
-from test_interrupt import finish, interrupt, start_train
-from test_train import ROOT, flat_params, run_train, train_error
+from tests.helpers.ci import missing
+from tests.helpers.netns_hosts import Hosts, why_no_slurm, why_not
+from tests.helpers.processes import harness_children, wait_gone
+from tests.helpers.runs import finish, interrupt, start_train
+from tests.helpers.slow_model import SPEC as SLOW_MODEL
+from tests.helpers.training import ROOT, flat_params, run_train, train_error
 
 COMMON = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]     # the runs compared with six local workers
 
@@ -34,7 +37,7 @@ COMMON = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]     # the ru
 def hosts(tmp_path_factory):
     reason = why_not()
     if reason:
-        pytest.skip(f"cannot make hosts as network namespaces here: {reason}")
+        missing(f"cannot make hosts as network namespaces here: {reason}")
     made = Hosts(tmp_path_factory.mktemp("hosts"))
     yield made
     made.close()
@@ -45,7 +48,7 @@ def slurm(hosts) -> dict[str, str]:
     """A real Slurm cluster over the three hosts: the environment salloc, sbatch and srun need."""
     reason = why_no_slurm()
     if reason:
-        pytest.skip(f"cannot run Slurm here: {reason}")
+        missing(f"cannot run Slurm here: {reason}")
     return hosts.start_slurm()
 
 
@@ -97,8 +100,11 @@ def shared_on_each_host(ctx) -> tuple[list[int], float]:
 
 
 def all_reduce_forever(ctx) -> None:
+    """All-reduce without end; says "reducing" to the parent once the first one is done."""
     comm = ctx.communicator()
     ones = torch.ones(1000)
+    comm.all_reduce(ones, op="avg")
+    ctx.send("reducing")
     while True:
         comm.all_reduce(ones, op="avg")
 
@@ -114,7 +120,7 @@ def test_ssh_children_run_on_their_hosts_share_memory_only_there_and_a_host_cut_
     spaces = [f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]" for ns in hosts.namespaces]
     with Parent(heartbeat_timeout=5.0) as parent:       # the functions' module imports torch: preloaded
         kids = parent.fork(6, launcher="ssh", hosts=",".join(f"{a}:2" for a in hosts.addresses), encrypt=True,
-                           preload=("torch", "harness.collectives.gloo", "test_hosts"))
+                           preload=("torch", "harness.collectives.gloo", __name__))
         assert kids.hosts == hosts.addresses
         kids.exec(where)
         found = kids.wait()
@@ -126,7 +132,7 @@ def test_ssh_children_run_on_their_hosts_share_memory_only_there_and_a_host_cut_
         assert kids.wait() == [([r - r % 2, r - r % 2 + 1], 21.0) for r in range(6)]     # 1 + ... + 6
 
         kids.exec(all_reduce_forever)
-        time.sleep(1.0)
+        assert kids.receive() == ["reducing"] * 6
         hosts.link(1, up=False)
         cut = time.monotonic()
         try:
@@ -182,9 +188,7 @@ def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_u
                                                                                                 monkeypatch):
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")      # as the local run's workers have: the same arithmetic
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    flags = ["--model", "slow_model:model", "--model-options", '{"delay": 0.03}', "--batch-size", "8",
+    flags = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.03}', "--batch-size", "8",
              "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "5"]
     remote = ["--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses), "--max-restarts", "1"]
     process = start_train(tmp_path, *flags, *remote)
@@ -225,15 +229,16 @@ def test_hosts_and_hostfiles_are_parsed(tmp_path):
 def test_workers_per_gpu_on_other_hosts_share_each_hosts_gpus_and_restart_rather_than_heal():
     args = Train.parse_args(["--launcher", "ssh", "--hosts", "a:4,b:4,c:2", "--gpus", "all", "--workers-per-gpu", "2",
                              "--max-restarts", "2"])
-    gpus, count = Train.launch_plan(args)
-    assert (gpus, count) == ([0, 1], 10)
-    places = Ssh(Train.make_launcher("ssh", args.hosts).hosts).place(count)
+    gpus, planned = plan_workers(args)
+    assert (gpus, planned.workers) == ([0, 1], 10)
+    places = Ssh(make_launcher("ssh", args.hosts).hosts).place(planned.workers)
     assert assign_on_hosts([(index, n) for _, index, n in places], gpus) == [0, 0, 1, 1, 0, 0, 1, 1, 0, 1]
-    assert Train.heals_in_place(args, gpus) is False        # workers sharing a GPU restart from the checkpoint
+    assert planned.heal_in_place is False        # workers sharing a GPU restart from the checkpoint
     # --gpus 0,1 on hosts of 4 slots shares them two to a GPU without the flag, and is treated alike
     implied = Train.parse_args(["--launcher", "ssh", "--hosts", "a:4", "--gpus", "0,1", "--max-restarts", "2"])
-    assert Train.launch_plan(implied) == ([0, 1], 4) and implied.workers_per_gpu == 2
-    assert Train.heals_in_place(implied, [0, 1]) is False
+    gpus, planned = plan_workers(implied)
+    assert (gpus, planned.workers, planned.workers_per_gpu) == ([0, 1], 4, 2)
+    assert planned.heal_in_place is False
 
 
 def test_slurm_allocations_are_read_from_their_environment():

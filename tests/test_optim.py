@@ -57,11 +57,14 @@ def test_bad_arguments_raise(name, kwargs, match):
         build_optimizer(name, [torch.nn.Parameter(torch.ones(2))], **kwargs)
 
 
-def _steps(name: str, impl: str | None, steps: int = 5) -> tuple[torch.optim.Optimizer, torch.Tensor]:
+def _steps(name: str, impl: str | None, steps: int = 5,
+           make=build_optimizer) -> tuple[torch.optim.Optimizer, torch.Tensor]:
+    """``steps`` updates on sin's gradient from seeded parameters; ``make(name, params, **options)``
+    builds the optimizer (the harness's ``build_optimizer`` unless told otherwise)."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in ((7, 3), (3,), (4, 7))]
     options = {"momentum": 0.9} if name == "sgd" else {}
-    opt = build_optimizer(name, params, lr=0.01, weight_decay=1e-3, impl=impl, **options)
+    opt = make(name, params, lr=0.01, weight_decay=1e-3, impl=impl, **options)
     for _ in range(steps):
         opt.zero_grad()
         sum(p.sin().sum() for p in params).backward()
@@ -69,11 +72,23 @@ def _steps(name: str, impl: str | None, steps: int = 5) -> tuple[torch.optim.Opt
     return opt, torch.cat([p.detach().flatten() for p in params])
 
 
+def _torch_for_loop(name: str, params, impl: str | None = None, **options) -> torch.optim.Optimizer:
+    """torch's own optimizer, neither fused nor foreach (``impl`` aside): its plain per-parameter loop,
+    the reference every implementation the harness builds must match."""
+    return TORCH[name](params, foreach=False, **options)
+
+
+TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+         "adagrad": torch.optim.Adagrad, "adadelta": torch.optim.Adadelta}
+
+
 @pytest.mark.parametrize("name", [n for n in OPTIMIZERS if n != "ccnesterov"])
 def test_implementations_compute_the_same_update_and_the_default_is_fused_where_torch_has_it(name):
-    default, expected = _steps(name, None)
+    _, expected = _steps(name, None, make=_torch_for_loop)
+    default, updated = _steps(name, None)
     group = default.param_groups[0]
     assert bool(group.get("fused")) == (name in FUSED) and bool(group.get("foreach")) == (name not in FUSED)
+    torch.testing.assert_close(updated, expected, rtol=1e-5, atol=1e-6)
     for impl in ("fused", "foreach") if name in FUSED else ("foreach",):
         torch.testing.assert_close(_steps(name, impl)[1], expected, rtol=1e-5, atol=1e-6)
 
@@ -103,10 +118,15 @@ def test_ccnesterov_matches_hand_computed_steps():
 
     x = torch.nn.Parameter(x0.clone())
     opt = build_optimizer("ccnesterov", [x], lr=LR)
+    taken = []
     for expected in (x1, x2, x3):
         quadratic_steps(opt, x, 1)
         torch.testing.assert_close(x.detach(), expected)
-    assert gamma1 == 0 and gamma2 < 0  # first step is plain descent, later ones extrapolate
+        taken.append(x.detach().clone())
+    # the first step is plain descent; the later ones go past the descent step, away from its start
+    torch.testing.assert_close(taken[0], x0 - LR * CURVATURE * x0)
+    descent = taken[0] - LR * CURVATURE * taken[0]
+    assert torch.all((taken[1] - descent) * (descent - taken[0]) > 0)
 
 
 def test_ccnesterov_weight_decay_adds_l2_gradient():

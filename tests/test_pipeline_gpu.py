@@ -3,11 +3,11 @@ Train.py trains from a JPEG folder and a token file on GPU workers, resuming mid
 import pytest
 import torch
 
-from conftest import has_gpus
-from data_files import make_image_folder, make_token_files
 from harness.checkout.datasets import open_data
 from harness.data.pipeline import StreamedBatches
-from test_train_streamed import stop_and_resume
+from tests.helpers.data_files import make_image_folder, make_token_files
+from tests.helpers.gpus import has_gpus
+from tests.helpers.training import stop_and_resume
 
 pytestmark = pytest.mark.gpu
 

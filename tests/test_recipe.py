@@ -9,32 +9,46 @@ import signal
 import pytest
 import torch
 
+from harness import Parent
 from harness.collectives.flat import FlatParameters
+from harness.collectives.sync import BucketedGradientAveraging
 from harness.training.metrics import read_metrics
 from harness.training.schedule import learning_rate
 from harness.training.step import TrainStep, clip_grad_norm
-from harness.collectives.sync import BucketedGradientAveraging
-from test_interrupt import interrupt
-from test_sync import RecordingComm, _model
-from test_train import flat_params, run_train, train_error
+from tests.helpers.collectives import Recording, small_model
+from tests.helpers.runs import interrupt
+from tests.helpers.training import flat_params, run_train, train_error
+
+
+def one_update(ctx, accum: int) -> tuple:
+    """One update of ``small_model`` on this rank's batch of 12 in ``accum`` micro-batches, its
+    buckets (one per parameter: hooks) averaged over a recording gloo communicator; returns the
+    loss, the parameters after the update, and the launches against the buckets."""
+    generator = torch.Generator().manual_seed(ctx.rank)
+    x, y = torch.randn(12, 20, generator=generator), torch.randint(0, 5, (12,), generator=generator)
+    model = small_model()
+    flat, comm = FlatParameters(model), Recording(ctx.communicator())
+    sync = BucketedGradientAveraging(comm, flat, bucket_mb=1e-6)
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.5), flat, sync,
+                     torch.nn.functional.cross_entropy, contextlib.nullcontext, accum=accum)
+    loss = step(x, y)
+    return loss.item(), flat.params[0].clone(), [c[:2] for c in comm.calls], \
+        [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets]
 
 
 def test_accumulating_launches_the_buckets_once_per_update_and_equals_the_whole_batch():
-    x, y = torch.randn(12, 20), torch.randint(0, 5, (12,))
-    updates = []
-    for accum in (1, 3):
-        model = _model()
-        flat, comm = FlatParameters(model), RecordingComm()
-        sync = BucketedGradientAveraging(comm, flat, bucket_mb=1e-6)        # a bucket per parameter: hooks
-        step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.5), flat, sync,
-                         torch.nn.functional.cross_entropy, contextlib.nullcontext, accum=accum)
-        loss = step(x, y)
-        # no_sync: the first two micro-batches' backward passes launch nothing; the third launches each bucket once
-        assert [c[:2] for c in comm.calls] == [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets]
-        updates.append((loss, flat.params[0].clone()))
-    (whole_loss, whole), (mean_loss, accumulated) = updates
-    assert mean_loss.item() == pytest.approx(whole_loss.item(), rel=1e-6)
-    torch.testing.assert_close(accumulated, whole, rtol=1e-6, atol=1e-7)
+    with Parent() as parent:
+        pair = parent.fork(2)
+        pair.exec(one_update, 1)
+        whole = pair.wait()
+        pair.exec(one_update, 3)
+        accumulated = pair.wait()
+    # no_sync: the first two micro-batches' backward passes launch nothing; the third launches each bucket once
+    assert all(calls == buckets for _, _, calls, buckets in whole + accumulated)
+    for (whole_loss, whole_params, _, _), (mean_loss, params, _, _) in zip(whole, accumulated):
+        assert mean_loss == pytest.approx(whole_loss, rel=1e-6)
+        torch.testing.assert_close(params, whole_params, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(accumulated[0][1], accumulated[1][1])     # the ranks' updates were averaged
 
 
 def test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_compiled(tmp_path):

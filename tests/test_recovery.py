@@ -8,20 +8,16 @@ import signal
 
 import torch
 
-from conftest import descendants, harness_children, kill_quietly
 from harness.resilience.checkpoint import load_checkpoint
-from harness.training.metrics import read_metrics
 from harness.resilience.saver import BackgroundSaver
-from test_interrupt import SLOW_MODEL, finish, left_in_tmp, start_train, wait_for_record
-from test_train import flat_params, run_train
+from harness.training.metrics import read_metrics
+from tests.helpers.processes import kill_quietly
+from tests.helpers.runs import finish, left_in_tmp, start_train, wait_for_record, workers_of
+from tests.helpers.slow_model import SPEC as SLOW_MODEL
+from tests.helpers.training import flat_params, run_train
 
-FLAGS = ["--model", "slow_model:model", "--model-options", '{"delay": 0.05}', "--batch-size", "8",
+FLAGS = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.05}', "--batch-size", "8",
          "--max-steps", "60", "--save-every-steps", "5", "--heartbeat-timeout", "3"]
-
-
-def workers_of(process) -> list[int]:
-    """The training workers (python -m harness.child), not their loader processes."""
-    return harness_children(descendants(process.pid))
 
 
 def after_restarts(restarts: int, event: str):
@@ -33,10 +29,7 @@ def after_restarts(restarts: int, event: str):
     return found
 
 
-def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path,
-                                                                                                  monkeypatch):
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    monkeypatch.syspath_prepend(str(tmp_path))           # for the straight run below, in this process
+def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path):
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heal", "off")
     wait_for_record(process, tmp_path, after_restarts(0, "saved"))
     os.kill(workers_of(process)[1], signal.SIGKILL)
@@ -61,7 +54,6 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
 
 
 def test_restarts_exhausted_end_the_run_with_one_clear_error(tmp_path):
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "1", "--heal", "off")
     os.kill(workers_of(process)[0], signal.SIGKILL)
     wait_for_record(process, tmp_path, after_restarts(1, "step"))

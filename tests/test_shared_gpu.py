@@ -1,15 +1,15 @@
 """Several workers per GPU on real GPUs: CUDA IPC within a GPU, NCCL among the leaders, MPS."""
-import os
 import shutil
 
 import pytest
 
 import Train
-from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
-from conftest import has_gpus
+from harness.training import run
 from harness import Parent
 from harness.launch.mps import MpsDaemon
-from test_train import flat_params
+from tests.helpers.collectives import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
+from tests.helpers.gpus import has_gpus
+from tests.helpers.training import flat_params
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ def needs(n):
 @pytest.mark.parametrize("workers, gpus", [(2, [0]), (3, [0]), (4, [0, 1])], ids=["2-on-1", "3-on-1", "2+2-on-2"])
 def test_every_op_dtype_and_placement_matches_float64_reference(workers, gpus):
     needs(len(gpus))
-    inputs = make_inputs(workers, seed=int.from_bytes(os.urandom(4), "little"))
+    inputs = make_inputs(workers)
     with Parent() as parent:
         kids = parent.fork(workers, gpus=gpus)
         kids.exec(lambda ctx: type(ctx.communicator()).__name__)
@@ -35,7 +35,7 @@ def test_every_op_dtype_and_placement_matches_float64_reference(workers, gpus):
 def run(tmp_path, name, *flags):
     args = Train.parse_args(["--epochs", "1", "--seed", "3", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--no-tf32",
                              "--save", str(tmp_path / f"{name}.pt"), "--log-dir", str(tmp_path / name), *flags])
-    return Train.train(*Train.make_config(args)), tmp_path / f"{name}.pt"
+    return run(args), tmp_path / f"{name}.pt"
 
 
 def relative_error(a, b):

@@ -8,9 +8,10 @@ import time
 import pytest
 import torch
 
-from collective_cases import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
 from harness import ChildError, Parent
 from harness.collectives.hierarchical import HierarchicalCommunicator, local_groups
+from tests.helpers.collectives import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
+from tests.helpers.training import flat_params, run_train
 
 
 def grouped(keys):
@@ -36,7 +37,7 @@ def test_local_groups_keep_rank_order_and_first_appearance():
 @pytest.mark.parametrize("keys", [[0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0], [0, 1, 2, 3]],
                          ids=["2+2", "3+1", "one-group", "no-sharing"])
 def test_every_op_dtype_and_placement_matches_float64_reference(four, keys):
-    inputs = make_inputs(4, seed=int.from_bytes(os.urandom(4), "little"))
+    inputs = make_inputs(4)
     four.exec(run_matrix, inputs, grouped(keys))
     results = four.wait()
     assert check_matrix(inputs, results) == 4 * len(results[0]) > 0
@@ -84,7 +85,7 @@ def test_a_rank_that_raises_releases_its_group_and_the_children_serve_on(four, w
     four.exec(_raise_in_group, when)
     with pytest.raises(ChildError, match="boom on rank 1"):
         four.wait()
-    inputs = make_inputs(4, seed=int.from_bytes(os.urandom(4), "little"))
+    inputs = make_inputs(4)
     four.exec(run_matrix, inputs, grouped([0, 0, 1, 1]))      # the same children, a fresh group
     assert check_matrix(inputs, four.wait()) > 0
 
@@ -118,14 +119,14 @@ def _train_in_groups(ctx, config, keys):
 
 def _config(tmp_path, name, *flags):
     import Train
+    from harness.training.checks import check
     args = Train.parse_args(["--epochs", "2", "--seed", "3", "--batch-size", "8", "--save", str(tmp_path / f"{name}.pt"),
                              "--log-dir", str(tmp_path / name), *flags])
-    return Train.make_config(args)[0]
+    return check(args)[1]
 
 
 @pytest.mark.parametrize("mode", ["grad", "param"])
 def test_training_in_shared_groups_equals_four_separate_workers(four, tmp_path, mode):
-    from test_train import flat_params, run_train
     flags = ["--mode", mode, "--avg-every", "3", "--cpu-workers", "4"]
     four.exec(_train_in_groups, _config(tmp_path, "grouped", *flags), [0, 0, 1, 1])
     grouped_results = four.wait()

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import descendants, wait_gone
-from data_files import make_token_files
 from harness.checkout.datasets import DataError, check_data, open_data
 from harness.checkout.datasets.imagefolder import random_resized_crop
 from harness.data.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_batches
+from tests.helpers.data_files import make_token_files
+from tests.helpers.processes import descendants, wait_gone
 
 CROP = {"crop": 16, "resize": 20}
 
@@ -108,8 +108,11 @@ def test_streamed_batches_equal_the_samples_in_the_sampler_order(images, workers
 
 def test_evaluation_batches_cover_every_sample_once(tokens):
     val = open_data("tokens", str(tokens), block_size=32, vocab_size=64, val_windows=25).val
-    seen = [x for rank in range(3) for x, _ in evaluation_batches(val, rank, 3, 4, torch.device("cpu"))]
-    assert sum(len(x) for x in seen) == 25
+    index = {tuple(val[i][0].tolist()): i for i in range(len(val))}
+    assert len(index) == len(val) == 25                 # every window tells which sample it is
+    seen = {rank: [index[tuple(row.tolist())] for x, _ in evaluation_batches(val, rank, 3, 4, torch.device("cpu"))
+                   for row in x] for rank in range(3)}
+    assert seen == {rank: list(range(rank, 25, 3)) for rank in range(3)}     # each sample once, rank r every 3rd
 
 
 def test_check_data_reports_facts_without_generating_synthetic_data():

@@ -1,66 +1,85 @@
 """Gradient bucketing: buckets tile the flat gradient, launch in one fixed order, and give the
-same result as all-reducing the whole flat gradient."""
+same result as all-reducing the whole flat gradient. The launch order is checked on two CPU children
+whose real gloo communicator notes each call (``Recording``), so the gradients are really averaged."""
+import pytest
 import torch
 
-from harness.collectives.base import Work
+from harness import Parent
 from harness.collectives.flat import FlatParameters
 from harness.collectives.sync import BucketedGradientAveraging
-from test_train import flat_params, run_train
+from tests.helpers.collectives import Recording, small_model
+from tests.helpers.training import flat_params, run_train
 
 
-class RecordingComm:
-    def __init__(self):
-        self.calls = []
-
-    def all_reduce(self, t, op="sum", async_op=False):
-        self.calls.append((t.data_ptr(), t.numel(), op, async_op))
-        return Work() if async_op else None
+@pytest.fixture(scope="module")
+def pair():
+    with Parent() as parent:
+        yield parent.fork(2)
 
 
-def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 5))
-
-
-def test_buckets_tile_the_flat_gradient_in_reverse_order():
-    model = _model()
-    flat = FlatParameters(model)
-    comm = RecordingComm()
-    sync = BucketedGradientAveraging(comm, flat, bucket_mb=4096 * 4 / 2**20)   # about 4096 floats each
-    starts = [b.view.data_ptr() for b in sync.buckets]
-    assert starts == sorted(starts, reverse=True)                # last layers first
-    assert sum(b.view.numel() for b in sync.buckets) == flat.grads[0].numel()
-    model(torch.randn(8, 20)).sum().backward()
+def synchronise(ctx, bucket_mb: float | None, out_of_order: bool = False) -> dict:
+    """One backward pass of ``small_model`` on this rank's own batch, its gradients averaged by
+    buckets of ``bucket_mb`` (None: the default, one bucket) over a recording gloo communicator; or,
+    ``out_of_order``, the buckets' gradients reported last layer last. Returns what the test checks."""
+    model, reference = small_model(), small_model()
+    flat, comm = FlatParameters(model), Recording(ctx.communicator())
+    sync = BucketedGradientAveraging(comm, flat, **({} if bucket_mb is None else {"bucket_mb": bucket_mb}))
+    x = torch.randn(8, 20, generator=torch.Generator().manual_seed(ctx.rank))
+    reference(x).sum().backward()
+    if out_of_order:
+        with sync.no_sync():                     # the gradients, without their hooks' launches
+            model(x).sum().backward()
+        params = list(model.parameters())
+        sync._on_gradient(params[0])             # the last bucket fills first: nothing may launch
+        early = list(comm.calls)
+        for param in reversed(params[1:]):
+            sync._on_gradient(param)
+    else:
+        model(x).sum().backward()
+        early = list(comm.calls)                 # launched during backward
     sync.after_backward()
-    assert [c[:2] for c in comm.calls] == [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets]
-    assert {c[2:] for c in comm.calls} == {("avg", True)}
+    return {"buckets": [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets], "calls": comm.calls,
+            "early": early, "hooks": len(sync._hooks), "whole": (flat.grads[0].data_ptr(), flat.grads[0].numel()),
+            "mine": [p.grad for p in reference.parameters()], "averaged": [p.grad for p in model.parameters()]}
 
 
-def test_a_model_in_one_bucket_gets_one_synchronous_all_reduce_and_no_hooks():
-    model = _model()
-    flat = FlatParameters(model)
-    comm = RecordingComm()
-    sync = BucketedGradientAveraging(comm, flat)                        # 25 MB: the whole model
-    assert len(sync.buckets) == 1 and sync._hooks == []
-    model(torch.randn(8, 20)).sum().backward()
-    assert comm.calls == []                                             # nothing launched during backward
-    sync.after_backward()
-    assert comm.calls == [(flat.grads[0].data_ptr(), flat.grads[0].numel(), "avg", False)]
+def assert_averaged(results: list[dict]) -> None:
+    """Every rank ends with the mean of the ranks' own gradients."""
+    for i, mine in enumerate(zip(*(r["mine"] for r in results))):
+        expected = torch.stack(mine).mean(0)
+        for r in results:
+            torch.testing.assert_close(r["averaged"][i], expected)
 
 
-def test_buckets_launch_in_index_order_even_when_gradients_arrive_out_of_order():
-    model = _model()
-    flat = FlatParameters(model)
-    comm = RecordingComm()
-    sync = BucketedGradientAveraging(comm, flat, bucket_mb=1e-6)     # one bucket per parameter
-    params = list(model.parameters())
-    sync._on_gradient(params[0])              # the last bucket fills first: nothing may launch
-    assert comm.calls == []
-    for param in reversed(params[1:]):
-        sync._on_gradient(param)
-    assert len(comm.calls) == len(sync.buckets)
-    assert [c[0] for c in comm.calls] == [b.view.data_ptr() for b in sync.buckets]
+def test_buckets_tile_the_flat_gradient_in_reverse_order(pair):
+    pair.exec(synchronise, 4096 * 4 / 2**20)                 # about 4096 floats each
+    results = pair.wait()
+    for result in results:
+        starts = [start for start, _ in result["buckets"]]
+        assert len(starts) > 1 and starts == sorted(starts, reverse=True)     # last layers first
+        assert sum(n for _, n in result["buckets"]) == result["whole"][1]
+        assert [c[:2] for c in result["calls"]] == result["buckets"]
+        assert {c[2:] for c in result["calls"]} == {("avg", True)}
+    assert_averaged(results)
+
+
+def test_a_model_in_one_bucket_gets_one_synchronous_all_reduce_and_no_hooks(pair):
+    pair.exec(synchronise, None)                             # 25 MB: the whole model
+    results = pair.wait()
+    for result in results:
+        assert len(result["buckets"]) == 1 and result["hooks"] == 0
+        assert result["early"] == []                         # nothing launched during backward
+        assert result["calls"] == [(*result["whole"], "avg", False)]
+    assert_averaged(results)
+
+
+def test_buckets_launch_in_index_order_even_when_gradients_arrive_out_of_order(pair):
+    pair.exec(synchronise, 1e-6, out_of_order=True)         # one bucket per parameter
+    results = pair.wait()
+    for result in results:
+        assert result["early"] == []
+        assert [c[:2] for c in result["calls"]] == result["buckets"]
+    assert_averaged(results)
 
 
 def test_bucketed_training_equals_flat_all_reduce(tmp_path):

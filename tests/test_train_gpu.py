@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import Train
-from conftest import has_gpus
-from test_train import flat_params, run_train
+from harness.training import run
+from tests.helpers.gpus import has_gpus
+from tests.helpers.training import flat_params, run_train
 
 pytestmark = pytest.mark.gpu
 
@@ -17,7 +18,7 @@ def test_training_on_two_gpus_keeps_replicas_in_step(tmp_path, capfd, flags):
         pytest.skip("needs 2 CUDA GPUs")
     args = Train.parse_args(["--gpus", "0,1", "--epochs", "3", "--avg-every", "4", *flags,
                              "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path)])
-    results = Train.train(*Train.make_config(args))
+    results = run(args)
     assert len({r["checksum"] for r in results}) == 1
     assert results[0]["step"] == 3 * (1293 // 2 // 32)
     assert "running eagerly" not in capfd.readouterr().out      # the default graph really captured

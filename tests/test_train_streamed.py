@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import textwrap
 
 import pytest
 
 import Train
-from data_files import make_token_files
+from harness.training import ConfigError
+from harness.training.checks import check
 from harness.resilience.checkpoint import load_checkpoint
-from test_train import cli, flat_params, run_train
+from tests.helpers.data_files import make_token_files
+from tests.helpers.training import cli, run_train, stop_and_resume
 
 FACTORY = textwrap.dedent("""
     import torch
@@ -56,19 +59,6 @@ def dataset_flags(kind, images, tokens, tmp_path):
     return ["--dataset", "noisy_data:make", "--model", "noisy_data:model", "--batch-size", "4", "--data-workers", "0"]
 
 
-def stop_and_resume(tmp_path, flags: list[str], stop: int, total: int):
-    """Train ``total`` steps straight, and ``stop`` steps then --resume to ``total``; returns the two final
-    parameter vectors, the straight run's worker summaries and the stopped run's checkpoint."""
-    results, straight = run_train(tmp_path, *flags, "--max-steps", str(total), name="straight")
-    _, stopped = run_train(tmp_path, *flags, "--max-steps", str(stop), name="stopped")
-    save = tmp_path / "resumed.pt"
-    args = Train.parse_args([*flags, "--max-steps", str(total), "--resume", str(stopped), "--save", str(save),
-                             "--log-dir", str(tmp_path / "resumed")])
-    Train.train(*Train.make_config(args))
-    assert load_checkpoint(save)["step"] == total
-    return flat_params(straight), flat_params(save), results, load_checkpoint(stopped)
-
-
 @pytest.mark.parametrize("kind", ["imagefolder", "tokens", "factory"])
 def test_stop_and_resume_mid_epoch_equals_a_straight_run(kind, images, tokens, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))          # the factory's module, for the children too
@@ -82,8 +72,8 @@ def test_resume_mid_epoch_refuses_a_training_set_of_another_size(tmp_path):
     _, save = run_train(tmp_path, "--batch-size", "8", "--max-steps", "30")
     assert load_checkpoint(save)["position"] == 30
     args = Train.parse_args(["--batch-size", "8", "--val-fraction", "0.9", "--resume", str(save), "--log-dir", str(tmp_path)])
-    with pytest.raises(Train.ConfigError, match="a training set of 1294 samples.*stopped mid-epoch"):
-        Train.make_config(args)
+    with pytest.raises(ConfigError, match="a training set of 1294 samples.*stopped mid-epoch"):
+        check(args)
 
 
 def test_saves_every_n_steps_mid_epoch_and_resume_refuses_another_layout(images, tmp_path):
@@ -94,23 +84,31 @@ def test_saves_every_n_steps_mid_epoch_and_resume_refuses_another_layout(images,
     assert [r["event"] for r in saved].count("first_step") == 1
     assert load_checkpoint(save)["position"] == 3
     args = Train.parse_args([*flags, "--batch-size", "1", "--resume", str(save), "--log-dir", str(tmp_path)])
-    with pytest.raises(Train.ConfigError, match="--batch-size 2.*stopped mid-epoch"):
-        Train.make_config(args)
+    with pytest.raises(ConfigError, match="--batch-size 2.*stopped mid-epoch"):
+        check(args)
 
 
 def broken(tmp_path, images, damage):
-    root = tmp_path / "broken"
-    os.system(f"cp -r {images} {root}")
+    """A copy of the image folder, damaged (each step raises if it fails: the test sees its own breakage)."""
+    root = shutil.copytree(images, tmp_path / "broken")
     damage(root)
     return root
 
 
+def empty(folder):
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda root: None, "--dataset imagefolder needs --data-dir"),
-    (lambda root: os.system(f"rm -r {root}/train"), "train does not exist"),
-    (lambda root: os.system(f"rm -r {root}/train/*"), "train has no class folders"),
-    (lambda root: os.system(f"rm {root}/train/c1/*"), "class folder .*/train/c1 has no images"),
-    (lambda root: os.system(f"rm -r {root}/val"), "val does not exist"),
+    (lambda root: shutil.rmtree(root / "train"), "train does not exist"),
+    (lambda root: empty(root / "train"), "train has no class folders"),
+    (lambda root: empty(root / "train" / "c1"), "class folder .*/train/c1 has no images"),
+    (lambda root: shutil.rmtree(root / "val"), "val does not exist"),
     (lambda root: (root / "train" / "c0" / "000.jpg").write_bytes(b"not a jpeg"), "000.jpg cannot be decoded"),
     (lambda root: (root / "val" / "c0" / "000.jpg").write_bytes(b"\xff\xd8\xff truncated"), "val/c0/000.jpg cannot"),
 ])
@@ -119,8 +117,8 @@ def test_bad_image_folders_are_one_line_errors_before_any_worker(damage, message
     where = [] if "needs --data-dir" in message else ["--data-dir", str(root)]
     args = Train.parse_args(["--dataset", "imagefolder", *where, "--save", str(tmp_path / "m.pt"),
                              "--log-dir", str(tmp_path)])
-    with pytest.raises(Train.ConfigError, match=message) as error:
-        Train.make_config(args)
+    with pytest.raises(ConfigError, match=message) as error:
+        check(args)
     assert "\n" not in str(error.value)
 
 
@@ -204,5 +202,5 @@ def test_num_classes_cannot_be_guessed_is_a_clear_error(tmp_path, monkeypatch):
         "    return torch.utils.data.TensorDataset(torch.zeros(8, 3), torch.zeros(8).long())\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     args = Train.parse_args(["--dataset", "plain_data:make", "--log-dir", str(tmp_path)])
-    with pytest.raises(Train.ConfigError, match="cannot tell the number of classes"):
-        Train.make_config(args)
+    with pytest.raises(ConfigError, match="cannot tell the number of classes"):
+        check(args)

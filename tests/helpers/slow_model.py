@@ -1,0 +1,28 @@
+"""A linear model whose forward pass takes ``delay`` seconds, so that signals land mid-training: the
+tests of signals, restarts and healing, and the heal soak. Train.py takes it as ``--model SPEC``
+(its workers import it from the checkout, which is on their ``sys.path``)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+SPEC = f"{__name__}:model"
+
+
+class Slow(torch.nn.Linear):
+    """``ballast``: that many floats of an unused buffer, which make its checkpoints slow to write."""
+
+    def __init__(self, inputs: int, outputs: int, delay: float, ballast: int = 0):
+        super().__init__(inputs, outputs)
+        self.delay = delay
+        if ballast:
+            self.register_buffer("ballast", torch.zeros(ballast))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay)
+        return super().forward(x.flatten(1))
+
+
+def model(info, delay: float = 0.25, ballast: int = 0) -> Slow:
+    return Slow(64, info.num_classes, delay, ballast)
