@@ -11,13 +11,15 @@ import sys
 
 from harness import ChildError, ChildFailed
 from harness.launch.placement import resolve_gpus
+from harness.plugins import unimportable
 from harness.resilience.checkpoint import CheckpointError, load_checkpoint
 from harness.training.config import DEFAULT_SAVE
 from harness.training.evaluation import report, evaluate_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--checkpoint", default=DEFAULT_SAVE, help=f"default {DEFAULT_SAVE} (Train.py's default)")
     p.add_argument("--data-dir", default=None, help="override the data directory saved in the checkpoint")
     p.add_argument("--gpus", default=None, help="evaluate on workers on these GPUs ('all' or 0,1,...)")
@@ -41,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.data_dir:
         state["config"]["data_dir"] = args.data_dir
+    for what in ("model", "dataset"):
+        why = unimportable(state["config"][what], what)
+        if why:
+            print(f"Test.py: error: {why}", file=sys.stderr)
+            return 2
     try:
         result = evaluate_checkpoint(state, len(gpus) or args.cpu_workers, gpus,
                                  args.batch_size or state["config"]["batch_size"])

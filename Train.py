@@ -10,6 +10,7 @@ The same run from Python: harness.training.run(TrainConfig(...)); the flags are 
 """
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 
@@ -18,17 +19,17 @@ from harness.control import timeline
 from harness.resilience.interrupt import Interrupted, Interrupts
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
-from harness.training.driver import run
-from harness.training.flags import config_from_args, make_parser
+from harness.training.driver import Diverged, run
+from harness.training.flags import parse
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """The command line as a TrainConfig (not yet checked: ``run`` checks it)."""
-    return config_from_args(make_parser(__doc__).parse_args(argv))
+    return parse(argv, __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, check, train; the exit status: 0, 2 for bad input, 1 when training failed, 128 + the
+    """Parse, check, train; the exit status: 0, 2 for bad input, 1 when training failed or diverged, 128 + the
     signal's number when SIGINT or SIGTERM stopped the run at an update (saved; --resume continues)."""
     marks = timeline.start("imported")
     with Interrupts() as caught:
@@ -41,13 +42,16 @@ def main(argv: list[str] | None = None) -> int:
         except (ChildError, ChildFailed, GaveUp) as e:
             print(f"Train.py: training failed: {e}", file=sys.stderr)
             return 1
+        except Diverged as e:
+            print(f"Train.py: {e}", file=sys.stderr)
+            return 1
         except Interrupted as e:
             print(f"Train.py: {e}; nothing saved since the last checkpoint", file=sys.stderr)
             return 128 + e.signum
     signum = results[0]["interrupted"]
     if signum:
-        saved = (f"saved {config.save}; continue with --resume {config.save}" if config.save
-                 else "not saved (--save is empty)")
+        saved = (f"saved {config.save}; continue with: python {shlex.quote(sys.argv[0])} --resume "
+                 f"{shlex.quote(config.save)}" if config.save else "not saved (--save is empty)")
         print(f"Train.py: {signal.Signals(signum).name}: stopped at epoch {results[0]['epoch']}, "
               f"update {results[0]['step']}; {saved}", file=sys.stderr)
         return 128 + signum

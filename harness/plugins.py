@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Callable
 
 
@@ -17,3 +18,22 @@ def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
         raise ValueError(f"module '{module_name}' has no callable '{attr}'; give 'package.module:factory' "
                          f"naming a function {signature} there")
     return factory
+
+
+def unimportable(spec: str, what: str) -> str | None:
+    """Why the module of a ``package.module:factory`` name cannot be imported here, with the fix; None
+    when it can (or ``spec`` is a registry name). A checkpoint names its model's module: a run started
+    elsewhere (another folder, another PYTHONPATH) may not see it."""
+    if ":" not in spec:
+        return None
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:
+        found, reason = None, f" ({e})"
+    else:
+        reason = ""
+    if found is not None:
+        return None
+    return (f"the {what} '{spec}' comes from module '{module}', which cannot be imported here{reason}; run from "
+            f"the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)")

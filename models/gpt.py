@@ -113,6 +113,8 @@ def gpt(info, size: str = "tiny", **overrides) -> nn.Module:
     cfg = replace(SIZES[size], **overrides)
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=info.input_shape[0])
+    if not 0 <= cfg.dropout < 1:
+        raise ValueError(f"gpt dropout={cfg.dropout} must be in [0, 1)")
     if cfg.n_embd % cfg.n_head:
         raise ValueError(f"n_embd={cfg.n_embd} is not divisible by n_head={cfg.n_head}; pick sizes that divide")
     return GPT(cfg, info.num_classes)

@@ -186,15 +186,27 @@ def read_hostfile(path: str) -> list[Host]:
         lines = Path(path).read_text().splitlines()
     except OSError as error:
         raise ValueError(f"--hostfile {path}: {error.strerror}") from None
-    items = []
-    for line in lines:
+    hosts = []
+    for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
-        if line:
-            match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
-            items.append(f"{match[1]}:{match[2]}" if match else line)
-    if not items:
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+        item = f"{match[1]}:{match[2]}" if match else line
+        if (" " in item or "\t" in item or "," in item) or not _one_host(item):
+            raise ValueError(f"--hostfile {path} line {number}: {line!r} is not 'node1', 'node1:8' or "
+                             "'node1 slots=8' (slots a whole number >= 1)")
+        hosts += parse_hosts(item)
+    if not hosts:
         raise ValueError(f"--hostfile {path} names no host")
-    return parse_hosts(",".join(items))
+    return hosts
+
+
+def _one_host(item: str) -> bool:
+    try:
+        return len(parse_hosts(item)) == 1
+    except ValueError:
+        return False
 
 
 def slurm_hosts(environ: Mapping[str, str]) -> list[Host]:

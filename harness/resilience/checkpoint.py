@@ -28,11 +28,13 @@ def write_atomically(path: Path, obj: object) -> None:
     The data goes to a temp file in the same directory (os.replace is only atomic within one file
     system), is fsynced before the rename so the rename cannot overtake the data, and the directory is
     fsynced after it so the rename itself survives a power cut. The temp file is removed on any failure;
-    a writer killed mid-write cannot remove its own, so a successful write removes what such writers
-    left of this path (never two writes to one path at once: harness/resilience/saver.py).
+    a writer killed mid-write cannot remove its own, so a successful write removes what dead writers
+    left of this path. The temp file's name carries its writer's pid: another live process's write in
+    progress is never touched (one run writes one path at a time: harness/resilience/saver.py, and a
+    second run is refused the path: harness/resilience/lock.py).
     """
     prefix = f".{path.name}."
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
             torch.save(obj, file)
@@ -43,9 +45,24 @@ def write_atomically(path: Path, obj: object) -> None:
         os.unlink(tmp)
         raise
     for name in os.listdir(path.parent):
-        if name.startswith(prefix) and name.endswith(".tmp"):
+        if name.startswith(prefix) and name.endswith(".tmp") and not _writer_alive(name[len(prefix):]):
             (path.parent / name).unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+def _writer_alive(rest: str) -> bool:
+    """Whether the process that named a temp file ``<pid>.<random>.tmp`` still runs (this one's own
+    finished write is gone already); names without a pid are an older writer's, long dead."""
+    pid = rest.split(".", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # another user's live process
+        return True
+    return int(pid) != os.getpid()
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
@@ -68,6 +85,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
     _check_keys(path, state)
     return state
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """The run configuration a checkpoint holds, read without loading its tensors (memory-mapped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a file; check the path")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        raise CheckpointError(f"checkpoint {path} is not a readable checkpoint: {_reason(error)}") from error
+    if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+        raise CheckpointError(f"checkpoint {path} holds no run configuration; was it written by Train.py?")
+    return state["config"]
 
 
 def check_writable(path: str | os.PathLike) -> None:

@@ -73,31 +73,35 @@ class Interrupts:
 
 
 class StopVote:
-    """``poll(step)`` after each update: the signal number every rank agreed to stop for, else 0."""
+    """``poll(step, loss)`` after each update: (the signal number every rank agreed to stop for, else 0;
+    whether some rank's loss was not finite). The second flag rides on the same all-reduce: a diverged
+    run stops within 2 x EVERY updates, with no synchronisation of its own."""
 
     EVERY = 4
 
     def __init__(self, ctx: Any, comm: Any, device: torch.device):
         import torch
         self._ctx, self._comm = ctx, comm
-        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self._flag = torch.zeros(2, dtype=torch.int32, device=device)      # [signal, loss not finite]
         cuda = device.type == "cuda"
-        self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True) if cuda else self._flag
+        self._host = torch.zeros(2, dtype=torch.int32, pin_memory=True) if cuda else self._flag
         self._cast = torch.cuda.Event() if cuda else None
         self._pending = False
 
-    def poll(self, step: int) -> int:
+    def poll(self, step: int, loss: torch.Tensor) -> tuple[int, bool]:
+        import torch
         if step % self.EVERY:
-            return 0
-        agreed = 0
+            return 0, False
+        agreed, diverged = 0, False
         if self._pending:
             if self._cast is not None:
                 self._cast.synchronize()
-            agreed = int(self._host[0])
-        self._flag.fill_(self._ctx.interrupted or 0)
+            agreed, diverged = int(self._host[0]), bool(self._host[1])
+        self._flag[0].fill_(self._ctx.interrupted or 0)
+        torch.logical_not(torch.isfinite(loss), out=self._flag[1])
         self._comm.all_reduce(self._flag, "max")
         if self._cast is not None:
             self._host.copy_(self._flag, non_blocking=True)
             self._cast.record()
         self._pending = True
-        return agreed
+        return agreed, diverged

@@ -15,31 +15,37 @@ Each failure is a ``ConfigError`` whose text is the one line Train.py prints.
 from __future__ import annotations
 
 import importlib.util
+import math
 import shutil
+from pathlib import Path
 from typing import Any, Callable
 
 from harness.launch.launchers import make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
-from harness.training.config import ConfigError, TrainConfig
+from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig
 from harness.training.optim import check_options, default_impl
 from harness.training.schedule import is_constant
 
 AT_LEAST_ONE = (lambda v: v >= 1, "must be at least 1")
 NOT_NEGATIVE = (lambda v: v >= 0, "must not be negative")
-POSITIVE = (lambda v: v > 0, "must be positive")
+POSITIVE = (lambda v: 0 < v < math.inf, "must be positive and finite")
 
 # field -> (holds, what the value must be); None values (an unset optional) are not checked
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cpu_workers": AT_LEAST_ONE, "workers_per_gpu": AT_LEAST_ONE, "batch_size": AT_LEAST_ONE,
     "grad_accum": AT_LEAST_ONE, "epochs": AT_LEAST_ONE, "avg_every": AT_LEAST_ONE, "max_steps": AT_LEAST_ONE,
     "seed": NOT_NEGATIVE, "patience": NOT_NEGATIVE, "validate_every": NOT_NEGATIVE, "save_every": NOT_NEGATIVE,
-    "save_every_steps": NOT_NEGATIVE, "weight_decay": NOT_NEGATIVE, "data_workers": NOT_NEGATIVE,
+    "save_every_steps": NOT_NEGATIVE, "data_workers": NOT_NEGATIVE,
     "max_restarts": NOT_NEGATIVE,
-    "heartbeat_timeout": (lambda v: v > 0, "must be a positive number of seconds"),
+    "heartbeat_timeout": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
     "bucket_mb": POSITIVE, "lr": POSITIVE,
-    "clip_grad": (lambda v: v > 0, "must be a positive norm"),
+    "clip_grad": (lambda v: 0 < v < math.inf, "must be a positive norm"),
     "val_fraction": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "weight_decay": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "target_error": (lambda v: 0 <= v <= 1, "must be a fraction in [0, 1]"),
 }
+MAX_LR = 10.0       # above this every optimizer we offer diverges at once
 
 
 def check_field(config: TrainConfig, name: str) -> None:
@@ -47,6 +53,23 @@ def check_field(config: TrainConfig, name: str) -> None:
     holds, must = RULES[name]
     if value is not None and not holds(value):
         raise ConfigError(f"--{name.replace('_', '-')} {must}, got {value}")
+
+
+def check_numbers(config: TrainConfig) -> None:
+    """Each field's rule, a learning rate that can train, and every number in the JSON options finite."""
+    for name in RULES:
+        check_field(config, name)
+    if config.lr > MAX_LR:
+        raise ConfigError(f"--lr {config.lr} is far above any learning rate that trains (at most {MAX_LR}); "
+                          "typical ones are 1e-4 to 0.5")
+    for flag, options in (("--model-options", config.model_options), ("--dataset-options", config.dataset_options)):
+        for key, value in options.items():
+            if any(isinstance(v, float) and not math.isfinite(v) for v in _numbers(value)):
+                raise ConfigError(f"{flag} {key}={value} must be a finite number")
+
+
+def _numbers(value: Any) -> list[Any]:
+    return [n for v in value for n in _numbers(v)] if isinstance(value, (list, tuple)) else [value]
 
 
 def plan_workers(config: TrainConfig) -> tuple[list[int], TrainConfig]:
@@ -128,6 +151,16 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
     return limit is None
 
 
+def check_outputs(config: TrainConfig) -> None:
+    """What the run writes can be written (without torch: before the workers start)."""
+    if Path(config.log_dir).exists() and not Path(config.log_dir).is_dir():
+        raise ConfigError(f"--log-dir {config.log_dir} is a file, not a folder; give a folder for the log "
+                          f"(default {TrainConfig.log_dir})")
+    if config.save and Path(config.save).is_dir():
+        raise ConfigError(f"--save {config.save} is a folder; give a file path inside it, e.g. "
+                          f"{Path(config.save) / 'model.pt'}")
+
+
 def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
     """Each field's own rule (RULES), then the rules across fields (fast: no data is read). Returns the
     config with ``momentum``, ``data_workers`` and ``cuda_graph`` decided."""
@@ -140,8 +173,7 @@ def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
     if config.model not in MODELS and ":" not in config.model:
         raise ConfigError(f"unknown model '{config.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
-    for name in RULES:
-        check_field(config, name)
+    check_numbers(config)
     check_across(config, gpus)
     momentum = config.momentum if config.momentum is not None else (0.9 if config.optimizer == "sgd" else 0.0)
     try:
@@ -156,9 +188,10 @@ def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
 
 def check_across(config: TrainConfig, gpus: list[int]) -> None:
     """The rules that tie one flag to another."""
-    if config.warmup_steps < 0 or not 0 <= config.min_lr <= config.lr:
-        raise ConfigError(f"--warmup-steps {config.warmup_steps} must not be negative and --min-lr {config.min_lr} "
-                          f"must be between 0 and --lr {config.lr}")
+    if config.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps {config.warmup_steps} must not be negative")
+    if not 0 <= config.min_lr <= config.lr:
+        raise ConfigError(f"--min-lr {config.min_lr} must be between 0 and --lr {config.lr}")
     if config.cuda_graph and not is_constant(config.lr_schedule, config.warmup_steps):
         raise ConfigError("--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
                           "every update; drop one of them")
@@ -195,17 +228,23 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
 
 
 def _check_resumable(config: TrainConfig, saved: dict) -> None:
-    shape = ("model", "model_options", "dataset", "dataset_options", "optimizer")
-    if saved.get("position"):       # mid-epoch: the rest of the epoch's order depends on these too
-        shape += ("seed", "batch_size", "grad_accum", "workers", "samples")
+    shape = FIXED_ON_RESUME + (FIXED_MID_EPOCH if saved.get("position") else ())
     before = {"grad_accum": 1, **saved["config"]}       # checkpoints from before --grad-accum
     differ = [k for k in shape if before.get(k) != getattr(config, k)]
     if differ:
         raise ConfigError(f"--resume {config.resume} was trained with "
                           + ", ".join(f"a training set of {before.get(k)} samples" if k == "samples"
                                       else f"--{k.replace('_', '-')} {before.get(k)!r}" for k in differ)
-                          + "; pass the same values to continue it"
-                          + (" (it stopped mid-epoch)" if saved.get("position") else ""))
+                          + "; drop the flags that change them to continue it (a resume takes them from the "
+                          "checkpoint)" + (" (it stopped mid-epoch)" if saved.get("position") else ""))
+    steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
+    total = config.max_steps or config.epochs * steps_per_epoch
+    if saved["step"] >= total:
+        length = f"--max-steps {config.max_steps}" if config.max_steps else \
+            f"--epochs {config.epochs} of {steps_per_epoch} updates"
+        raise ConfigError(f"--resume {config.resume} has trained {saved['step']} updates, and this run's length is "
+                          f"{total} ({length}): nothing is left to train; pass a larger --epochs or --max-steps "
+                          f"to train more")
 
 
 def _check_data_and_model(config: TrainConfig) -> int:
@@ -216,6 +255,7 @@ def _check_data_and_model(config: TrainConfig) -> int:
     import torch
     from harness.checkout.datasets import check_data
     from harness.training.build import make_model
+    from harness.training.fit import check_fit
     try:
         info, samples = check_data(config.dataset, config.data_dir, seed=config.seed,
                                    val_fraction=config.val_fraction, **config.dataset_options)
@@ -223,6 +263,7 @@ def _check_data_and_model(config: TrainConfig) -> int:
             make_model(config, info, torch.device("meta"))
     except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
         raise ConfigError(str(e).splitlines()[0]) from None
+    check_fit(config)
     shard = samples // config.workers
     if config.batch_size * config.grad_accum > shard:
         accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_SAVE = "checkpoints/model.pt"
+# Not taken from the checkpoint on --resume: decided again for this run and machine.
+DECIDED_AGAIN = ("data_workers", "workers", "samples", "heal_in_place")
+# What a resume may not change (mid-epoch, also what the rest of the epoch's order depends on).
+FIXED_ON_RESUME = ("model", "model_options", "dataset", "dataset_options", "optimizer")
+FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
 
 
 class ConfigError(ValueError):
@@ -104,6 +109,25 @@ class TrainConfig:
         if isinstance(values.get("heal"), bool):
             values["heal_in_place"] = values.pop("heal")
         return cls(**values)
+
+    @classmethod
+    def resuming(cls, resume: str, **changes: Any) -> TrainConfig:
+        """The config to continue the run saved at ``resume``: the saved run's fields (model, data,
+        optimizer, schedule, length, ...) with ``changes`` over them; what ``resolve`` decides and the
+        loader count (this machine's) are decided again. A change that a resume cannot take is
+        refused by the checks (harness/training/checks.py), naming it."""
+        from harness.resilience.checkpoint import CheckpointError, read_config
+        try:
+            saved = cls.from_dict(read_config(resume))
+        except CheckpointError as e:
+            raise ConfigError(f"--resume: {e}") from None
+        fixed = [name for name in FIXED_ON_RESUME if name in changes and changes[name] != getattr(saved, name)]
+        if fixed:
+            raise ConfigError(f"--resume {resume} continues a run of " + ", ".join(
+                f"--{name.replace('_', '-')} {getattr(saved, name)!r}" for name in fixed) + "; drop " + ", ".join(
+                f"--{name.replace('_', '-')}" for name in fixed) + " (or start a new run without --resume)")
+        fresh = {name: getattr(cls(), name) for name in DECIDED_AGAIN}
+        return dataclasses.replace(saved, **{**fresh, "resume": resume, **changes})
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

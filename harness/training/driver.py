@@ -16,8 +16,9 @@ from typing import Iterator
 from harness.control import timeline
 from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
+from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery
-from harness.training.checks import check_flags, check_inputs, plan_workers
+from harness.training.checks import check_flags, check_inputs, check_outputs, plan_workers
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.training.progress import Progress
@@ -26,18 +27,23 @@ from harness.training.progress import Progress
 WORKER_IMPORTS = ("harness.training.loop", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
 
 
+class Diverged(RuntimeError):
+    """The loss or the parameters stopped being finite; the run stopped without saving them."""
+
+
 def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dict | None = None) -> list[dict]:
     """Check ``config``, train it on its workers and return each worker's summary (``rank``, ``step``,
     ``epoch``, ``checksum`` of the final parameters, ``interrupted``: the signal that stopped it, if any).
     Writes the checkpoint (``config.save``) and the log (``config.log_dir``) as Train.py does.
 
     Raises ``ConfigError`` for bad input (before any worker trains), ``ChildError`` for an exception in
-    a worker, ``ChildFailed``/``GaveUp`` when workers died more often than ``config.max_restarts``.
+    a worker, ``ChildFailed``/``GaveUp`` when workers died more often than ``config.max_restarts``,
+    ``Diverged`` when the loss stopped being finite (the last good checkpoint is kept).
     ``interrupts``: SIGINT/SIGTERM handlers to tell about the workers (Train.py's); ``marks``: the
     start-up timeline so far."""
     marks = marks if marks is not None else timeline.start("imported")
     gpus, config = plan_workers(config)
-    with workers(config, gpus) as kids:
+    with own_outputs(config), workers(config, gpus) as kids:
         timeline.mark(marks, "forked")
         config = check_inputs(check_flags(config, gpus))
         print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
@@ -45,6 +51,17 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         timeline.mark(marks, "checked")
         import_plotting_meanwhile()
         return train(config, gpus, marks, interrupts, started=kids)
+
+
+@contextlib.contextmanager
+def own_outputs(config: TrainConfig) -> Iterator[None]:
+    """This run's lock on its checkpoint and log folder (harness/resilience/lock.py), for its whole life."""
+    check_outputs(config)
+    try:
+        with hold({"--save": config.save}, {"--log-dir": config.log_dir}):
+            yield
+    except (InUse, OSError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def where(config: TrainConfig, gpus: list[int], kids: Children) -> str:
@@ -122,6 +139,11 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     plot = plot_metrics(read_metrics(log.path), Path(config.log_dir) / "metrics.png")
     print(f"log: {log.path}" + (f", plot: {plot}" if plot else "")
           + (f", checkpoint: {config.save}" if config.save else ""))
+    if results[0]["diverged"]:
+        good = progress.saved or config.resume
+        raise Diverged(f"training diverged: {results[0]['diverged']}; "
+                       + (f"the last good checkpoint is {good}" if good else "no checkpoint was saved")
+                       + "; lower --lr, or add --clip-grad or --warmup-steps")
     return results
 
 

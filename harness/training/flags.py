@@ -154,22 +154,39 @@ GROUPS = (("model and data", _model_and_data), ("workers and placement", _worker
           ("logging", _logging), ("failures and healing", _failures))
 
 
-def make_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(**{f.name: getattr(DEFAULTS, f.name) for f in dataclasses.fields(TrainConfig)})
+def make_parser(description: str, defaults: bool = True) -> argparse.ArgumentParser:
+    """Train.py's parser; ``defaults=False``: flags not given are left out of the result (what a
+    ``--resume`` run changes of its checkpoint's configuration)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False, argument_default=None if defaults else argparse.SUPPRESS)
+    if defaults:
+        parser.set_defaults(**{f.name: getattr(DEFAULTS, f.name) for f in dataclasses.fields(TrainConfig)})
     for title, add in GROUPS:
         add(parser.add_argument_group(title).add_argument)
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The flags as a TrainConfig: JSON options parsed, ``--save ''`` as no checkpoint."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+def parse(argv: list[str] | None, description: str) -> TrainConfig:
+    """The command line as a TrainConfig. With ``--resume PATH`` the checkpointed run's configuration
+    gives the defaults, and only the flags on the command line change it (nanoGPT's init_from='resume'
+    for the whole run)."""
+    args = make_parser(description).parse_args(argv)
+    if args.resume is None:
+        return TrainConfig(**_values(vars(args)))
+    given = _values(vars(make_parser(description, defaults=False).parse_args(argv)))
+    return TrainConfig.resuming(**given)
+
+
+def _values(flags: dict[str, Any]) -> dict[str, Any]:
+    """Parsed flags as TrainConfig's values: JSON options as dicts, ``--save ''`` as no checkpoint."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {name: value for name, value in flags.items() if name in known}
     for name in ("model_options", "dataset_options"):
-        if isinstance(values[name], str):
+        if isinstance(values.get(name), str):
             values[name] = json_option(name, values[name])
-    values["save"] = values["save"] or None
-    return TrainConfig(**values)
+    if "save" in values:
+        values["save"] = values["save"] or None
+    return values
 
 
 def json_option(name: str, text: str) -> dict:

@@ -59,6 +59,7 @@ class RunState:
     stop: str | None = None
     saved_at: int | None = None
     interrupted: int = 0
+    diverged: str | None = None
 
     def where(self) -> Where:
         return Where(self.epoch, self.step, self.position, self.best_error, self.stale)
@@ -170,9 +171,10 @@ class Worker:
         s = self.state
         if self.lead:
             self.ctx.send({"event": "done", "epoch": s.epoch, "step": s.step, "stop": s.stop,
-                           "signal": s.interrupted or None})
+                           "signal": s.interrupted or None, "diverged": s.diverged})
         return {"rank": self.rank, "checksum": self.flat.checksum(), "step": s.step, "epoch": s.epoch,
-                "memory_mb": worker_memory_mb(), "marks": self.marks, "interrupted": s.interrupted or None}
+                "memory_mb": worker_memory_mb(), "marks": self.marks, "interrupted": s.interrupted or None,
+                "diverged": s.diverged}
 
     def epoch(self) -> None:
         """The rest of the current epoch (or of the run), then its loss, validation, report and save."""
@@ -217,10 +219,18 @@ class Worker:
         loss = self.train_step(x, y)
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
-        s.interrupted = s.interrupted or self.vote.poll(s.step)
-        if s.interrupted and s.stop is None:
+        signum, diverged = self.vote.poll(s.step, loss)
+        s.interrupted = s.interrupted or signum
+        if diverged:
+            self.diverge(f"the loss is not finite by update {s.step}")
+        elif s.interrupted and s.stop is None:
             s.stop = f"interrupted by {signal.Signals(s.interrupted).name}"
         return loss
+
+    def diverge(self, why: str) -> None:
+        """Stop without saving: the last checkpoint, written before, is the last good one."""
+        self.state.diverged = self.state.diverged or why
+        self.state.stop = f"diverged: {self.state.diverged}"
 
     def report(self, loss: torch.Tensor, done: int, started: float) -> None:
         """The first step's mark (one synchronisation, so that it is when the step really ended), and
@@ -282,12 +292,15 @@ class Worker:
         """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
         rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
         s, config = self.state, self.config
-        if not config.save or s.saved_at == s.step:
+        if not config.save or s.saved_at == s.step or s.diverged:
             return
         self.sync.finish()
         ticket = self.train_step.ticket
         if ticket is not None and ticket.applied() != s.step:
             raise RuntimeError(f"update {s.step} did not complete on every rank")     # a peer died: heal
+        if not self.finite():
+            self.diverge(f"the parameters are not finite at update {s.step}")
+            return
         generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
         if self.lead:
             saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
@@ -297,6 +310,15 @@ class Worker:
                                           "config": config.to_dict()},
                             done=lambda: self.ctx.send(saved))
         s.saved_at = s.step
+
+    def finite(self) -> bool:
+        """Whether every rank's parameters are finite (one all-reduce of a flag): the stop vote sees a
+        diverged loss a few updates late, and a checkpoint must not be written in between."""
+        bad = torch.zeros(1, dtype=torch.int32, device=self.device)
+        for flat in self.flat.params:
+            bad |= ~torch.isfinite(flat).all()
+        self.comm.all_reduce(bad, "max")
+        return not bad.item()
 
     def recover(self, error: RuntimeError) -> None:
         """A collective failed: if a peer died, rejoin the group's next generation and heal from where the

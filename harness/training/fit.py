@@ -1,0 +1,50 @@
+"""Model and data checked together, in the parent, before any worker trains: one real batch of two
+training samples through the model and the loss, on the CPU.
+
+A model built for other data fails only once it meets a batch (a token model fed images, an MLP fed
+token ids: "mat1 and mat2 must have the same dtype"), and in every worker, in a traceback. Here the
+same failure is one line naming both flags. A model too large to build twice on the parent's CPU
+is run on the meta device instead (shapes and dtypes only: what depends on the values, such as a
+token id beyond the vocabulary, is then left to the workers).
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.training.config import ConfigError, TrainConfig
+
+REAL_LIMIT = 200_000_000        # parameters: above this the batch runs on the meta device
+SAMPLES = 2
+
+
+def check_fit(config: TrainConfig) -> None:
+    """Raises ConfigError when the model does not take the dataset's batches or the loss its output."""
+    from harness.checkout.datasets import open_data
+    from harness.checkout.models import loss_fn
+    from harness.data.pipeline import evaluation_batches
+    from harness.training.build import make_model
+    options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
+    data = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options)
+    x, y = next(evaluation_batches(data.train, 0, 1, SAMPLES, torch.device("cpu")))
+    with torch.device("meta"):
+        model = make_model(config, data.info, torch.device("meta"))
+    device = torch.device("cpu") if sum(p.numel() for p in model.parameters()) <= REAL_LIMIT else torch.device("meta")
+    if device.type == "cpu":
+        model = make_model(config, data.info, device)
+    try:
+        with torch.no_grad():
+            output = model(x.to(device))
+            if not isinstance(output, torch.Tensor):
+                raise TypeError(f"it returns a {type(output).__name__}, not a tensor of logits")
+            loss_fn(output.float(), y.to(device))
+    except NotImplementedError:         # an operation without a meta kernel: nothing can be said here
+        return
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        raise ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: "
+                          f"{str(e).strip().splitlines()[0]} (a batch of x {_describe(x)}, y {_describe(y)}); "
+                          f"pick a model made for {data.info.kind} data, or fix --model-options/--dataset-options "
+                          "to match") from None
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"

@@ -1,0 +1,104 @@
+"""What a run writes and how it goes on: one run per output (a second run on the same checkpoint or
+log folder is refused, naming the first's pid), a checkpoint write that removes only dead writers'
+leftovers, a resume that continues the checkpointed run (the command printed on Ctrl-C works pasted
+as it is), and a diverged run that stops with the last good checkpoint kept."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+
+import torch
+
+from harness.resilience.checkpoint import load_checkpoint, write_atomically
+from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
+from tests.helpers.processes import kill_session
+from tests.helpers.runs import finish, start_train
+from tests.helpers.slow_model import SPEC as SLOW_MODEL
+from tests.helpers.training import ROOT, cli, flat_params, run_train
+
+
+def test_two_runs_started_together_on_one_output_one_trains_the_other_is_refused(tmp_path):
+    common = ["--epochs", "2", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
+    runs = [subprocess.Popen([sys.executable, str(ROOT / "Train.py"), *common], cwd=tmp_path, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outcomes = [(run.pid, *run.communicate(timeout=240)) for run in runs]
+    codes = sorted(run.returncode for run in runs)
+    assert codes == [0, 2], outcomes
+    winner = next(pid for (pid, _, _), run in zip(outcomes, runs) if run.returncode == 0)
+    refused = next(err for (_, _, err), run in zip(outcomes, runs) if run.returncode == 2).strip().splitlines()
+    assert len(refused) == 1 and "in use" in refused[0] and f"(pid {winner})" in refused[0], refused
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records].count("workers") == 1      # one run's log, not two interleaved
+    assert load_checkpoint(tmp_path / "model.pt")["step"] == 2 * (1293 // 2 // 32)
+
+
+def test_a_run_killed_outright_leaves_no_lock_behind(tmp_path):
+    first = start_train(tmp_path, "--model", SLOW_MODEL, "--epochs", "1000")
+    busy = cli("Train.py", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "other"))
+    assert busy.returncode == 2 and f"--save {tmp_path / 'model.pt'} is in use by another run (pid {first.pid})" \
+        in busy.stderr, busy.stderr
+    kill_session(first.pid)         # SIGKILL: no handler runs, the kernel drops the lock
+    first.wait(timeout=60)
+    after = cli("Train.py", "--epochs", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs"))
+    assert after.returncode == 0, after.stderr
+
+
+def test_a_checkpoint_write_removes_dead_writers_leftovers_only(tmp_path):
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mine, dead, older = (tmp_path / f".model.pt.{pid}.x1.tmp" for pid in (alive.pid, 2**22 + 1, "ab"))
+        for leftover in (mine, dead, older):
+            leftover.write_bytes(b"partial")
+        write_atomically(tmp_path / "model.pt", {"step": 1})
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.pt", mine.name])
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_the_command_printed_on_ctrl_c_continues_to_where_an_uninterrupted_run_ends(tmp_path):
+    flags = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.02}', "--batch-size", "8", "--epochs", "2"]
+    process = start_train(tmp_path, *flags)
+    os.killpg(process.pid, signal.SIGINT)
+    status, err, _, _ = finish(process, tmp_path)
+    assert status == 130, err
+    command = re.search(r"continue with: (.*)$", err.strip().splitlines()[-1])[1]
+    words = shlex.split(command)
+    assert words[0] == "python" and words[2:4] == ["--resume", str(tmp_path / "model.pt")]
+    stopped = load_checkpoint(tmp_path / "model.pt")["step"]
+    resumed = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    ended = load_checkpoint(tmp_path / "model.pt")
+    assert stopped < ended["step"] == load_checkpoint(straight)["step"]
+    assert torch.equal(flat_params(tmp_path / "model.pt"), flat_params(straight))
+
+
+def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_change(tmp_path):
+    save = tmp_path / "model.pt"
+    assert cli("Train.py", "--epochs", "2", "--lr", "0.02", "--save", str(save), "--log-dir", str(tmp_path / "l")).returncode == 0
+    done = cli("Train.py", "--resume", str(save))
+    assert done.returncode == 2 and "nothing is left to train; pass a larger --epochs or --max-steps" in done.stderr
+    changed = cli("Train.py", "--resume", str(save), "--epochs", "3", "--optimizer", "adam")
+    assert changed.returncode == 2 and "continues a run of --optimizer 'sgd'; drop --optimizer" in changed.stderr, changed.stderr
+    longer = cli("Train.py", "--resume", str(save), "--epochs", "3")
+    assert longer.returncode == 0, longer.stderr
+    resumed = load_checkpoint(save)
+    assert resumed["step"] == 3 * (1293 // 2 // 32) and resumed["config"]["lr"] == 0.02
+
+
+def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp_path):
+    save = tmp_path / "model.pt"
+    run = cli("Train.py", "--model", DIVERGING_MODEL, "--epochs", "3", "--save-every-steps", "5", "--save", str(save),
+              "--log-dir", str(tmp_path / "logs"))
+    assert run.returncode == 1, run.stderr
+    assert "training diverged" in run.stderr and f"the last good checkpoint is {save}" in run.stderr
+    kept = load_checkpoint(save)
+    assert kept["step"] == 10 and all(torch.isfinite(v).all() for v in kept["model"].values())
+    done = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()][-2]
+    assert done["event"] == "done" and done["diverged"] and done["step"] < 12 + 8
