@@ -35,7 +35,7 @@ apply: a fused optimizer skips its step where ``found_inf`` (the flag AMP's grad
 nonzero. Why not simply add 1 and compare with the world size: a stopped collective's output is
 undefined, and in practice it is a stale value that looks right, an earlier sum (measured on
 2 × H200: the aborted tickets of steps 20-22 read 2, 2, 2 where every rank adds 1, and 38, 40, 42
-where it adds the step; bench/results/2026-11-23-h200x2-session10/revoke-probe/). No earlier sum
+where it adds the step; bench/results/2026-11-23-h200x2-heal-revoke/revoke-probe/). No earlier sum
 equals this attempt's. The ticket also counts the updates applied, on the GPU: that, not the
 CPU's counter, is where a rank stands when the group heals.
 """

@@ -1,0 +1,125 @@
+"""Input that cannot train is refused before any worker starts, in one line that names the flags and
+the fix: a model and a dataset that do not fit each other (one real batch goes through the model and
+the loss in the parent), numbers that make no sense, and the papercuts a newcomer meets first."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from harness.launch.launchers import read_hostfile
+from harness.training import ConfigError, TrainConfig
+from harness.training.checks import check
+from tests.helpers.data_files import make_token_files
+from tests.helpers.training import cli, train_error
+
+MODELS = ["mlp", "cnn", "gpt", "oddeven", "resnet18"]
+TINY_GPT = {"n_layer": 1, "n_head": 2, "n_embd": 16}
+
+
+def datasets(tokens_dir) -> dict[str, dict]:
+    """Every kind of built-in data, small."""
+    return {"digits": {}, "oddeven": {}, "synthetic images": {"dataset": "synthetic", "dataset_options": {"size": 64}},
+            "synthetic tokens": {"dataset": "synthetic", "dataset_options": {"size": 64, "tokens": True}},
+            "tokens": {"dataset": "tokens", "data_dir": str(tokens_dir), "dataset_options": {"block_size": 32}}}
+
+
+@pytest.fixture(scope="module")
+def tokens_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokens")
+    make_token_files(root)
+    return root
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_builtin_model_with_every_builtin_dataset_fits_or_is_one_line_naming_both(model, tokens_dir):
+    fitted = []
+    for name, options in datasets(tokens_dir).items():
+        config = TrainConfig(model=model, batch_size=2, save=None, **{"dataset": name, **options},
+                             model_options=TINY_GPT if model == "gpt" else {})
+        try:
+            check(config)
+            fitted.append(name)
+        except ConfigError as e:
+            assert len(str(e).splitlines()) == 1 and f"--model {model}" in str(e) and "--dataset" in str(e), str(e)
+    kinds = {"mlp": {"digits", "oddeven", "synthetic images"}, "cnn": {"digits", "synthetic images"},
+             "gpt": {"synthetic tokens", "tokens"}, "oddeven": {"digits", "oddeven", "synthetic images"},
+             "resnet18": {"digits", "synthetic images"}}
+    assert set(fitted) == kinds[model]
+
+
+def test_token_data_with_the_default_model_is_refused_in_one_line(tokens_dir, monkeypatch, capsys):
+    line = train_error("--dataset", "tokens", "--data-dir", str(tokens_dir), "--dataset-options", '{"block_size": 32}',
+                       monkeypatch=monkeypatch, capsys=capsys)
+    assert "--model mlp does not fit --dataset tokens" in line and "int64 [2, 32]" in line
+
+
+def test_a_model_that_returns_a_tuple_is_refused_naming_what_it_returns(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tuple_model.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        out = super().forward(x.flatten(1))\n"
+        "        return out, out.sum()\n"
+        "def make(info):\n"
+        "    return M(64, info.num_classes)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = train_error("--model", "tuple_model:make", monkeypatch=monkeypatch, capsys=capsys)
+    assert "--model tuple_model:make does not fit --dataset digits: it returns a tuple, not a tensor" in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "inf"], "--lr must be positive and finite, got inf"),
+    (["--lr", "nan"], "--lr must be positive and finite, got nan"),
+    (["--lr", "1e6"], "--lr 1000000.0 is far above any learning rate that trains"),
+    (["--min-lr", "nan"], "--min-lr nan must be between 0 and --lr"),
+    (["--momentum", "1.5"], "--momentum must be in [0, 1), got 1.5"),
+    (["--weight-decay", "nan"], "--weight-decay must be in [0, 1], got nan"),
+    (["--clip-grad", "inf"], "--clip-grad must be a positive norm, got inf"),
+    (["--bucket-mb", "nan"], "--bucket-mb must be positive and finite, got nan"),
+    (["--heartbeat-timeout", "inf"], "--heartbeat-timeout must be a positive number of seconds, got inf"),
+    (["--target-error", "2"], "--target-error must be a fraction in [0, 1], got 2.0"),
+    (["--val-fraction", "nan"], "--val-fraction must be in [0, 1), got nan"),
+    (["--model-options", '{"hidden": [NaN]}'], "--model-options hidden=[nan] must be a finite number"),
+    (["--model", "gpt", "--dataset", "synthetic", "--dataset-options", '{"tokens": true}', "--model-options",
+      '{"dropout": 1.5}'], "gpt dropout=1.5 must be in [0, 1)"),
+])
+def test_numbers_that_make_no_sense_are_refused_in_one_line(flags, message, monkeypatch, capsys):
+    assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
+
+
+def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.md").write_text("x")
+    line = train_error("--log-dir", str(tmp_path / "notes.md"), monkeypatch=monkeypatch, capsys=capsys)
+    assert f"--log-dir {tmp_path / 'notes.md'} is a file, not a folder" in line
+
+
+def test_a_hostfile_line_that_is_not_a_host_is_refused_with_its_number(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\n# a comment\nnode2 slots=abc\n")
+    with pytest.raises(ValueError, match=r"line 3: 'node2 slots=abc' is not"):
+        read_hostfile(str(hostfile))
+    result = cli("Train.py", "--launcher", "ssh", "--hostfile", str(hostfile))
+    assert result.returncode == 2 and "line 3" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("script, flag", [("Train.py", "--work"), ("Test.py", "--check")])
+def test_abbreviated_flags_are_not_taken_for_longer_ones(script, flag, tmp_path):
+    result = cli(script, flag, "1", cwd=tmp_path)
+    assert result.returncode == 2 and f"unrecognized arguments: {flag} 1" in result.stderr
+
+
+def test_test_py_names_a_model_module_it_cannot_import_and_how_to_fix_it(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_model.py").write_text(
+        "import torch\ndef make(info):\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))\n")
+    save = tmp_path / "m.pt"
+    trained = cli("Train.py", "--model", "my_model:make", "--epochs", "1", "--save", str(save), "--log-dir",
+                  str(tmp_path / "logs"), env={"PYTHONPATH": str(tmp_path / "mine")})
+    assert trained.returncode == 0, trained.stderr
+    tested = cli("Test.py", "--checkpoint", str(save), cwd=tmp_path)
+    lines = tested.stderr.strip().splitlines()
+    assert tested.returncode == 2 and len(lines) == 1, tested.stderr
+    assert "module 'my_model', which cannot be imported here" in lines[0] and "PYTHONPATH" in lines[0]
+    assert cli("Test.py", "--checkpoint", str(save), "--json", env={"PYTHONPATH": str(tmp_path / "mine")}).returncode == 0
