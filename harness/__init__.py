@@ -4,6 +4,7 @@ The parent forks child workers and talks to them over ZeroMQ (cloudpickle, HMAC-
 children keep their model replicas in step with NCCL (or gloo on CPU) collectives.
 """
 from . import checkout
+from .control.errors import PeerFailed
 from .parent import ChildError, ChildFailed, Children, Parent
 
 checkout.install()      # the bare name `datasets` stays the user's (Hugging Face's); see checkout.py
@@ -14,7 +15,7 @@ __all__ = ["Parent", "Children", "ChildError", "ChildFailed", "Context", "PeerFa
 def __getattr__(name: str):
     # harness.child is also the children's entry point (python -m harness.child): importing it
     # here eagerly would make runpy warn in every child.
-    if name in ("Context", "PeerFailed"):
-        from . import child
-        return getattr(child, name)
+    if name == "Context":
+        from .child import Context
+        return Context
     raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -1,10 +1,11 @@
 """Starting a child's process: what its environment says, how it is launched, the record the parent
 keeps of it, and the warm spare.
 
-``Children`` (harness/parent.py) decides *when* a child starts (at fork, or in a dead rank's place);
-this module knows *how*. A child is a fresh interpreter (``python -m harness.child``) started by the
-group's launcher (harness/launch/launchers.py) with everything it needs in its environment: the endpoint and
-key to reach the parent, its rank, its GPU, the parent's ``sys.path``. Its stderr is read by a
+The group decides *when* a child starts (at fork: harness/control/supervise.py; in a dead rank's
+place: harness/control/replace.py); this module knows *how*. A child is a fresh interpreter
+(``python -m harness.child``) started by the group's launcher (harness/launch/launchers.py) with
+everything it needs in its environment: the endpoint and key to reach the parent, its rank, its GPU,
+the parent's ``sys.path``. Its stderr is read by a
 thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept for the error that
 reports its death.
 
