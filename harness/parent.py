@@ -150,6 +150,11 @@ class Children:
         self._mail.forget_exchanges()
         replace_rank(self._watch, rank)
 
+    def watch_silence(self, notify: Callable[[int, float | None], None]) -> None:
+        """Call ``notify(rank, seconds)`` when a child has sent nothing for a third of the heartbeat
+        timeout, and ``notify(rank, None)`` when it is heard again (from the housekeeping thread)."""
+        self._watch.on_silent = notify
+
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop every child (asking first, then SIGKILL after ``grace`` s), reap them, close the socket."""
         self._watch.stop(grace)

@@ -17,7 +17,7 @@ import torch
 from harness.resilience.checkpoint import load_checkpoint, write_atomically
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import kill_session
-from tests.helpers.runs import finish, start_train
+from tests.helpers.runs import finish, start_train, wait_for_record, workers_of
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
 from tests.helpers.training import ROOT, cli, flat_params, run_train
 
@@ -102,3 +102,18 @@ def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp
     assert kept["step"] == 10 and all(torch.isfinite(v).all() for v in kept["model"].values())
     done = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()][-2]
     assert done["event"] == "done" and done["diverged"] and done["step"] < 12 + 8
+
+
+def test_a_stopped_worker_is_named_long_before_it_counts_as_hung(tmp_path):
+    process = start_train(tmp_path, "--model", SLOW_MODEL, "--epochs", "1000", "--heartbeat-timeout", "9")
+    victim = workers_of(process)[1]
+    os.kill(victim, signal.SIGSTOP)
+    records = wait_for_record(process, tmp_path, lambda found: any(r["event"] == "silent" for r in found))
+    os.kill(victim, signal.SIGCONT)
+    silent = next(r for r in records if r["event"] == "silent")
+    assert silent["rank"] == 1 and 3 <= silent["seconds"] < 9 and silent["timeout"] == 9
+    wait_for_record(process, tmp_path, lambda found: any(r["event"] == "heard" and r["rank"] == 1 for r in found))
+    os.killpg(process.pid, signal.SIGINT)
+    status, err, _, out = finish(process, tmp_path)
+    assert status == 130, err
+    assert "rank 1 has been silent for" in out and "rank 1 is heard again" in out

@@ -57,6 +57,11 @@ class Supervisor:
         self._exec_ids = itertools.count(1)
         self._signals: list[int] = []       # for remote children: sent by the housekeeping thread
         self._last_heartbeat = 0.0
+        # Told (from the housekeeping thread) when a ready child has been silent for a third of the
+        # heartbeat timeout, (rank, seconds), and when it is heard again, (rank, None): a stopped or
+        # starved worker is named long before it is declared hung.
+        self.on_silent: Callable[[int, float | None], None] | None = None
+        self._silent: set[int] = set()
 
     def start(self, link: Link) -> None:
         """Start every child, then the link's housekeeping; return once all have connected."""
@@ -198,6 +203,14 @@ class Supervisor:
                 child.process.kill()
                 self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)")
                 return
+            self._note_silence(child, silent)
+
+    def _note_silence(self, child: ChildProcess, silent: float) -> None:
+        quiet = child.connected and child.ready and silent > self.heartbeat_timeout / 3
+        if quiet == (child.rank in self._silent) or self.on_silent is None:
+            return
+        (self._silent.add if quiet else self._silent.discard)(child.rank)
+        self.on_silent(child.rank, silent if quiet else None)
 
     def _talk_to_remote_children(self) -> None:
         """Forward the signals ``signal()`` noted, and send heartbeats: a child that hears nothing

@@ -154,6 +154,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     from harness.training.loop import train_worker
     if interrupts is not None:
         interrupts.watch(kids)
+    kids.watch_silence(progress.silent)
     try:
         kids.exec(train_worker, config)
         progress.handle({"event": "workers", "pids": kids.pids, "hosts": kids.hosts})

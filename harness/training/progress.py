@@ -5,6 +5,7 @@ and the ones a person watches (epochs, heals, restarts) are also printed above t
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from harness.training.config import TrainConfig
@@ -12,16 +13,34 @@ from harness.training.metrics import MetricsLog
 
 
 class Progress:
-    """``steps_per_epoch``: updates in an epoch; ``log``: where every record goes."""
+    """``steps_per_epoch``: updates in an epoch; ``log``: where every record goes. ``handle`` runs on
+    the main thread and ``silent`` on the group's housekeeping thread, so both hold one lock."""
 
     def __init__(self, config: TrainConfig, steps_per_epoch: int, log: MetricsLog):
         self.config, self.log = config, log
+        self.lock = threading.Lock()
         self.total = config.max_steps or steps_per_epoch * config.epochs
         self.epochs = -(-self.total // steps_per_epoch)
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
         self.saved: str | None = None      # the last checkpoint this run wrote
 
+    def silent(self, rank: int, seconds: float | None) -> None:
+        """A worker silent for a third of the heartbeat timeout (``seconds``), or heard again (None)."""
+        from tqdm import tqdm
+        timeout = self.config.heartbeat_timeout
+        with self.lock:
+            self.log.write({"time": time.time(), "event": "silent" if seconds is not None else "heard", "rank": rank,
+                            **({"seconds": seconds, "timeout": timeout} if seconds is not None else {})})
+            tqdm.write(f"rank {rank} has been silent for {seconds:.0f} s (it counts as hung at {timeout:.0f} s)"
+                       if seconds is not None else f"rank {rank} is heard again")
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"rank {rank} silent" if seconds is not None else "")
+
     def handle(self, record: dict) -> None:
+        with self.lock:
+            self._handle(record)
+
+    def _handle(self, record: dict) -> None:
         from tqdm import tqdm
         event = record["event"]
         self.log.write({"time": time.time(), **record})
