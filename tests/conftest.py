@@ -2,6 +2,8 @@
 import pytest
 
 from tests.helpers.data_files import make_image_folder, make_token_files
+from tests.helpers import slow_model
+from tests.helpers.runs import end_every_run
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +16,20 @@ def images(tmp_path_factory):
 def tokens(tmp_path_factory):
     """train.bin of 12,000 and val.bin of 2,000 uint16 tokens below 64."""
     return make_token_files(tmp_path_factory.mktemp("tokens"), train_tokens=12_000, val_tokens=2_000, vocab=64)
+
+
+@pytest.fixture(scope="session")
+def slow_straight(tmp_path_factory):
+    """The checkpoint of the slow model's uninterrupted run (slow_model.FLAGS), which a healed or
+    restarted run of the same flags must equal bit for bit."""
+    from tests.helpers.training import run_train        # imports Train.py: only for the tests that need it
+    return run_train(tmp_path_factory.mktemp("straight"), *slow_model.FLAGS, "--save-every-steps", "20",
+                     name="straight")[1]
+
+
+@pytest.fixture(autouse=True)
+def no_train_py_outlives_its_test():
+    """Whatever a test did with the Train.py processes it started (tests/helpers/runs.py), none of
+    them, nor their workers, outlives it."""
+    yield
+    end_every_run()

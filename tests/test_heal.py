@@ -22,22 +22,15 @@ from harness.training.optim import FUSED, build_optimizer
 from harness.resilience.checkpoint import load_checkpoint
 from tests.helpers.processes import descendants, kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
-from tests.helpers.slow_model import SPEC as SLOW_MODEL
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.soak import soak
-from tests.helpers.training import flat_params, run_train
+from tests.helpers.training import flat_params, flat_state
 
 SOAK_LIMIT = 240.0          # seconds: below pytest's timeout (300 s, pyproject.toml)
-FLAGS = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.03}', "--batch-size", "8",
-         "--cpu-workers", "3", "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "3"]
+FLAGS = [*SLOW_FLAGS, "--save-every-steps", "20"]
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """The checkpoint of FLAGS' uninterrupted run, which a healed or restarted run must equal bit for bit."""
-    return run_train(tmp_path_factory.mktemp("straight"), *FLAGS, name="straight")[1]
-
-
-def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, straight):
+def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, slow_straight):
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, recovered(1))
@@ -55,13 +48,14 @@ def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrup
     assert records_of(tmp_path, "restart") == []
     assert "rank 1 (was killed by signal SIGKILL) recovered in " in out
     assert left == [] and left_in_tmp(tmp_path) == []
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))      # bit for bit
+    assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))      # bit for bit
 
 
-def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_whole(tmp_path):
+def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_whole(tmp_path, slow_straight):
     """Rank 0 writes the checkpoints: SIGKILL it while its temp file is being written (an 80 MB
     buffer makes that take a while). The previous checkpoint stays whole, the run heals and ends
-    bit for bit as the uninterrupted one, and the next save clears the dead writer's temp file."""
+    bit for bit as the uninterrupted one, and the next save clears the dead writer's temp file.
+    The buffer trains nothing, so the uninterrupted run is FLAGS' own, with the buffer still zeros."""
     flags = [*FLAGS, "--model-options", '{"delay": 0.03, "ballast": 20000000}']
     process = start_train(tmp_path, *flags, "--max-restarts", "1")
     writer = records_of(tmp_path, "workers")[0]["pids"][0]
@@ -78,8 +72,9 @@ def test_the_writer_killed_mid_checkpoint_is_healed_and_the_checkpoint_stays_who
     assert status == 0, err
     assert [(r["rank"], r["cause"]) for r in records_of(tmp_path, "recovered")] == [(0, "was killed by signal SIGKILL")]
     assert not list(tmp_path.glob("*.tmp")) and left == []
-    _, straight = run_train(tmp_path, *flags, name="straight")
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    healed = load_checkpoint(tmp_path / "model.pt")["model"]
+    assert not healed.pop("ballast").any()
+    assert torch.equal(flat_params(slow_straight), flat_state(healed))
 
 
 def test_param_mode_heals_from_the_survivors_average(tmp_path):
@@ -94,7 +89,7 @@ def test_param_mode_heals_from_the_survivors_average(tmp_path):
     assert records_of(tmp_path, "done")[0]["step"] == 60 and left == []
 
 
-def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tmp_path, straight):
+def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tmp_path, slow_straight):
     """The second death is found while the first is being healed: the group restarts instead."""
     # No hang in this test: a longer heartbeat timeout keeps a restarted worker that is slow to start
     # on a busy 2-core machine from counting as hung.
@@ -111,7 +106,7 @@ def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tm
                     r"failed: rank \d was killed by signal SIGKILL", restart["not_healed"]), restart
     assert "not healed in place" in out
     assert records_of(tmp_path, "recovered") == [] and left == []
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
 
 
 def test_heals_spend_the_restart_budget_and_then_the_run_ends_with_one_clear_error(tmp_path):

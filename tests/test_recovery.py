@@ -13,11 +13,10 @@ from harness.resilience.saver import BackgroundSaver
 from harness.training.metrics import read_metrics
 from tests.helpers.processes import kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, start_train, wait_for_record, workers_of
-from tests.helpers.slow_model import SPEC as SLOW_MODEL
-from tests.helpers.training import flat_params, run_train
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
+from tests.helpers.training import flat_params
 
-FLAGS = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.05}', "--batch-size", "8",
-         "--max-steps", "60", "--save-every-steps", "5", "--heartbeat-timeout", "3"]
+FLAGS = [*SLOW_FLAGS, "--save-every-steps", "5"]
 
 
 def after_restarts(restarts: int, event: str):
@@ -29,7 +28,8 @@ def after_restarts(restarts: int, event: str):
     return found
 
 
-def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path):
+def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path,
+                                                                                                  slow_straight):
     process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heal", "off")
     wait_for_record(process, tmp_path, after_restarts(0, "saved"))
     os.kill(workers_of(process)[1], signal.SIGKILL)
@@ -48,9 +48,8 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
     assert all(r["resume"] == str(tmp_path / "model.pt") for r in restarts)
     assert left == [] and left_in_tmp(tmp_path) == []
 
-    _, straight = run_train(tmp_path, *FLAGS, name="straight")
     assert load_checkpoint(tmp_path / "model.pt")["step"] == 60
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
 
 
 def test_restarts_exhausted_end_the_run_with_one_clear_error(tmp_path):

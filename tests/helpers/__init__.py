@@ -13,3 +13,6 @@
 - ``slow_model``: a model whose steps take a set time, so that signals land mid-training.
 - ``soak``: the heal soak (kill workers again and again); ``scripts/soak_heal.py`` is its CLI.
 """
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent      # the checkout: Train.py, Test.py, scripts/

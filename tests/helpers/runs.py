@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tests.helpers.processes import descendants, harness_children, kill_session, wait_gone
-from tests.helpers.training import ROOT
 
 WAIT = 120.0        # seconds a test waits for a record or a line before it fails
+STARTED: list[subprocess.Popen] = []     # every Train.py started, for ``end_every_run``
 
 
 def start_train(tmp_path: Path, *flags: str) -> subprocess.Popen:
@@ -32,6 +33,7 @@ def start_train(tmp_path: Path, *flags: str) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, str(ROOT / "Train.py"), "--save", str(tmp_path / "model.pt"),
                                 "--log-dir", str(tmp_path / "logs"), *flags], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    STARTED.append(process)
     wait_for_record(process, tmp_path, lambda records: any(r["event"] == "step" for r in records))
     return process
 
@@ -64,6 +66,14 @@ def _fail(process: subprocess.Popen, why: str) -> None:
     kill_session(process.pid)
     out, err = process.communicate()
     pytest.fail(f"{why}\nits stdout:\n{out[-3000:]}\nits stderr:\n{err[-3000:]}")
+
+
+def end_every_run() -> None:
+    """Kill what is left of every Train.py started so far (a test that failed before ``finish``)."""
+    while STARTED:
+        process = STARTED.pop()
+        kill_session(process.pid)
+        process.communicate()
 
 
 def records_of(tmp_path: Path, event: str) -> list[dict]:

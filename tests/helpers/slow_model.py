@@ -8,6 +8,11 @@ import time
 import torch
 
 SPEC = f"{__name__}:model"
+# The job the heal and restart tests run: 60 updates of 30 ms on three CPU workers. How often it
+# saves and how it fails do not change its arithmetic, so every such run must end with the
+# parameters of its uninterrupted run (the ``slow_straight`` fixture).
+FLAGS = ["--model", SPEC, "--model-options", '{"delay": 0.03}', "--batch-size", "8", "--cpu-workers", "3",
+         "--max-steps", "60", "--heartbeat-timeout", "3"]
 
 
 class Slow(torch.nn.Linear):

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers import ROOT
 from tests.helpers.processes import in_session, kill_quietly, kill_session
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 RUN_TIMEOUT = 600.0         # seconds one Train.py run may take, unless the soak's own time limit ends sooner
 SLACK = 2                   # failures allowed beyond the signals sent (see the docstring)
 RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")   # BatchNorm's, per rank

@@ -16,8 +16,7 @@ from harness.training import run
 from harness.training.checks import check
 from harness.training.driver import train
 from harness.resilience.checkpoint import load_checkpoint
-
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.helpers import ROOT
 
 
 def run_train(tmp_path: Path, *flags: str, name: str = "run") -> tuple[list[dict], Path]:
@@ -47,7 +46,11 @@ def train_error(*flags: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
 
 def flat_params(path: Path) -> torch.Tensor:
     """A checkpoint's floating-point model state as one float64 vector."""
-    state = load_checkpoint(path)["model"]
+    return flat_state(load_checkpoint(path)["model"])
+
+
+def flat_state(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A model state dict's floating-point entries as one float64 vector."""
     return torch.cat([v.flatten().double() for v in state.values() if v.is_floating_point()])
 
 
