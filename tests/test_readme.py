@@ -117,3 +117,26 @@ def test_check_catches_a_default_changed_on_one_side():
     assert check({"epochs": "10"}, {"epochs": None}) != []
     assert check({"tf32": "on"}, {"tf32": False}) != []
     assert check({"batch_size": "32, per worker"}, {"batch_size": 32}) == []
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_in_readme_and_docs_resolve():
+    """Every relative link of README.md and docs/*.md names a file of the checkout (and, into a
+    markdown file, one of its headings)."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in {
+                    slug(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), flags=re.M)}:
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == [], broken
