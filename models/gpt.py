@@ -18,6 +18,7 @@ class GPTConfig:
     n_embd: int
     block_size: int | None = None  # None: the dataset's sequence length
     dropout: float = 0.0
+    bias: bool = True  # biases in the Linear and LayerNorm layers (GPT-2 has them; nanoGPT's recipe drops them)
 
 
 SIZES = {
@@ -31,8 +32,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, c = x.shape
@@ -47,14 +48,14 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.n_embd)
+        self.ln1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.n_embd)
+        self.ln2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = nn.Sequential(
             OrderedDict(
-                fc=nn.Linear(cfg.n_embd, 4 * cfg.n_embd),
+                fc=nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias),
                 gelu=nn.GELU(),
-                proj=nn.Linear(4 * cfg.n_embd, cfg.n_embd),
+                proj=nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias),
                 drop=nn.Dropout(cfg.dropout),
             )
         )
@@ -65,16 +66,24 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+PAD_VOCAB = 64  # the embedding table's rows, rounded up: GPT-2's 50257 -> 50304, a multiple the matmul kernels like
+
+
 class GPT(nn.Module):
+    """The vocabulary is padded to a multiple of PAD_VOCAB inside the model (nanoGPT's trick: the
+    output matmul runs at full speed), and the logits are cut back to ``vocab_size``, so the loss,
+    the accuracy and Test.py see the real vocabulary; the padded rows are never used."""
+
     def __init__(self, cfg: GPTConfig, vocab_size: int) -> None:
         super().__init__()
-        self.block_size = cfg.block_size
-        self.wte = nn.Embedding(vocab_size, cfg.n_embd)
+        self.block_size, self.vocab_size = cfg.block_size, vocab_size
+        padded = -(-vocab_size // PAD_VOCAB) * PAD_VOCAB
+        self.wte = nn.Embedding(padded, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, padded, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one Parameter, counted and updated once
         self._init_weights(cfg.n_layer)
 
@@ -98,7 +107,8 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        return logits[..., :self.vocab_size] if logits.shape[-1] != self.vocab_size else logits
 
 
 def gpt(info, size: str = "tiny", **overrides) -> nn.Module:

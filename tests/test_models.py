@@ -79,10 +79,12 @@ def test_gpt_is_causal():
     assert not torch.allclose(model(x)[:, 10:], model(changed)[:, 10:])
 
 
-def test_gpt_124m_preset_is_gpt2_small():
+def test_gpt_124m_preset_is_gpt2_small_with_its_vocabulary_padded_to_a_multiple_of_64():
     with torch.device("meta"):
         model = build_model("gpt", DataInfo("tokens", (1024,), 50257), size="124m")
-    assert sum(p.numel() for p in model.parameters()) == 124_439_808
+        logits = model(torch.zeros(2, 16, dtype=torch.long))
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808 + (50304 - 50257) * 768
+    assert model.wte.weight.shape == (50304, 768) and logits.shape == (2, 16, 50257)
 
 
 @pytest.mark.parametrize(

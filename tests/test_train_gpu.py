@@ -50,3 +50,32 @@ def test_two_gpus_accumulating_two_micro_batches_equal_one_gpu_with_the_whole_ba
         assert "running eagerly" not in capfd.readouterr().out
     one, accumulated = flat_params(tmp_path / "one.pt"), flat_params(tmp_path / "accumulated.pt")
     assert (one - accumulated).norm() <= 1e-5 * one.norm(), (one - accumulated).abs().max()
+
+
+@pytest.mark.parametrize("flags", [["--compile"], ["--lr-schedule", "cosine", "--warmup-steps", "10"],
+                                   ["--compile", "--optimizer", "adamw", "--amp", "bf16", "--lr-schedule", "cosine",
+                                    "--warmup-steps", "10", "--clip-grad", "1.0", "--grad-accum", "2"]])
+def test_compiled_and_scheduled_steps_are_graphed_and_train_as_eager_ones(tmp_path, capfd, flags):
+    """torch.compile and the whole-step CUDA graph together, and a schedule read from the device: the
+    graph replays what the eager step computes (the learning rate a device tensor the fused optimizer reads)."""
+    if not has_gpus(1):
+        pytest.skip("needs a CUDA GPU")
+    common = ["--gpus", "0", "--max-steps", "40", "--no-tf32", "--lr", "0.01", "--batch-size", "16", *flags]
+    run_train(tmp_path, *common, "--no-cuda-graph", name="eager")
+    capfd.readouterr()
+    run_train(tmp_path, *common, name="graph")
+    assert "running eagerly" not in capfd.readouterr().out
+    eager, graphed = flat_params(tmp_path / "eager.pt"), flat_params(tmp_path / "graph.pt")
+    tolerance = 2e-2 if "bf16" in flags else 1e-5
+    assert (eager - graphed).norm() <= tolerance * eager.norm(), (eager - graphed).abs().max()
+
+
+def test_nvjpeg_batches_train_under_the_default_graph(tmp_path, capfd):
+    if not has_gpus(1):
+        pytest.skip("needs a CUDA GPU")
+    from tests.helpers.data_files import make_image_folder
+    folder = make_image_folder(tmp_path / "d", per_class=16)
+    results, _ = run_train(tmp_path, "--gpus", "0", "--dataset", "imagefolder", "--data-dir", str(folder),
+                           "--dataset-options", '{"crop": 16, "resize": 20, "decoder": "nvjpeg"}', "--model", "cnn",
+                           "--batch-size", "4", "--epochs", "2", "--data-workers", "2")
+    assert results[0]["step"] == 2 * (48 // 4) and "running eagerly" not in capfd.readouterr().out

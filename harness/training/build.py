@@ -14,7 +14,7 @@ from harness.collectives.flat import FlatParameters
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
 from harness.training.config import TrainConfig
-from harness.training.optim import build_optimizer
+from harness.training.optim import build_optimizer, rate_on_device
 from harness.training.step import make_capturable
 
 
@@ -41,6 +41,7 @@ def build(config: TrainConfig, info: Any, device: torch.device) -> tuple[torch.n
                                 weight_decay=config.weight_decay, nesterov=config.nesterov, impl=config.optimizer_impl)
     if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
         make_capturable(optimizer)
+    rate_on_device(optimizer)
     return model, optimizer
 
 

@@ -182,7 +182,7 @@ def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return config.replace(
-        momentum=momentum, cuda_graph=False if config.compile else config.cuda_graph,
+        momentum=momentum,
         data_workers=config.data_workers if config.data_workers is not None else default_data_workers(config.workers))
 
 
@@ -192,12 +192,11 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
         raise ConfigError(f"--warmup-steps {config.warmup_steps} must not be negative")
     if not 0 <= config.min_lr <= config.lr:
         raise ConfigError(f"--min-lr {config.min_lr} must be between 0 and --lr {config.lr}")
-    if config.cuda_graph and not is_constant(config.lr_schedule, config.warmup_steps):
-        raise ConfigError("--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
-                          "every update; drop one of them")
-    if config.compile and config.cuda_graph:
-        raise ConfigError("--compile and --cuda-graph do not combine: a replayed graph would skip the compiled "
-                          "model's guards and recompiles; drop --cuda-graph (a compiled model trains without one)")
+    fused = (config.optimizer_impl or default_impl(config.optimizer)) == "fused"
+    if config.cuda_graph and not fused and not is_constant(config.lr_schedule, config.warmup_steps):
+        raise ConfigError(f"--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
+                          f"every update: --optimizer {config.optimizer} is not fused, so its rate is not read "
+                          f"from the device; use a fused optimizer (sgd, adam, adamw, adagrad) or drop one of them")
     if config.compile and not gpus and not shutil.which("g++"):
         raise ConfigError("--compile on CPU workers needs a C++ compiler for torch's CPU code: install g++ "
                           "(e.g. apt-get install g++) or drop --compile")

@@ -27,7 +27,8 @@ def _model_and_data(a: Callable[..., Any]) -> None:
                         "package.module:factory returning a torch Dataset (called as factory(split, data_dir, **options))")
     a("--dataset-options",
       help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic, \'{"crop": 224, "resize": 256}\' '
-           'for imagefolder, \'{"block_size": 1024, "dtype": "uint16", "vocab_size": 50257}\' for tokens')
+           'for imagefolder, \'{"block_size": 1024, "dtype": "uint16", "vocab_size": 50257}\' for GPT-2 tokens '
+           '(tokens: block_size 256 unless given)')
     a("--data-dir", help="the dataset's folder (default ./data for mnist/cifar10)")
     a("--data-workers", type=int,
       help="loader processes per worker for streamed datasets (default: the host's cores shared out among "

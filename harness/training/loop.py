@@ -38,7 +38,7 @@ from harness.training.build import autocast, build, load_data, make_batches, mak
 from harness.training.config import TrainConfig
 from harness.training.evaluation import evaluate
 from harness.training.metrics import worker_memory_mb
-from harness.training.optim import load_optimizer_state
+from harness.training.optim import load_optimizer_state, set_lr
 from harness.training.schedule import is_constant, learning_rate
 from harness.training.step import make_step
 
@@ -113,7 +113,9 @@ class Worker:
         self.first = self.state.step + 1
         self.last_report, self.memory, self.memory_at = time.monotonic(), None, -math.inf
         self.example = self._graph_example()
-        self.scheduled = not is_constant(config.lr_schedule, config.warmup_steps)   # a graph would freeze the lr
+        self.scheduled = not is_constant(config.lr_schedule, config.warmup_steps)
+        # A graph replays the update with the rate it read at capture, unless the rate is a device tensor.
+        self.frozen_lr = self.scheduled and not torch.is_tensor(self.optimizer.param_groups[0]["lr"])
         if replacing:
             self.heal(None, self.marks)
         else:
@@ -148,7 +150,7 @@ class Worker:
         if start:
             self.sync.start()
         ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
-        graph = config.cuda_graph if not self.scheduled and (ticket is None or ncclstop.can_revoke()) else False
+        graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
         self.vote = StopVote(self.ctx, self.comm, self.device)
         self.train_step = make_step(
             self.forward, self.optimizer, self.flat, self.sync, loss_fn, lambda: autocast(config, self.device), graph,
@@ -169,9 +171,10 @@ class Worker:
         self.sync.finish()
         self.saver.wait()
         s = self.state
+        peak = torch.cuda.max_memory_reserved(self.device) / 2**20 if self.device.type == "cuda" else None
         if self.lead:
             self.ctx.send({"event": "done", "epoch": s.epoch, "step": s.step, "stop": s.stop,
-                           "signal": s.interrupted or None, "diverged": s.diverged})
+                           "signal": s.interrupted or None, "diverged": s.diverged, "peak_gpu_mb": peak})
         return {"rank": self.rank, "checksum": self.flat.checksum(), "step": s.step, "epoch": s.epoch,
                 "memory_mb": worker_memory_mb(), "marks": self.marks, "interrupted": s.interrupted or None,
                 "diverged": s.diverged}
@@ -214,8 +217,7 @@ class Worker:
         """One update (its micro-batches, the synchronisation, the optimizer), then the stop vote."""
         s = self.state
         if self.scheduled:
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.lr_at(s.step)
+            set_lr(self.optimizer, self.lr_at(s.step))
         loss = self.train_step(x, y)
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)

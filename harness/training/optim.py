@@ -86,11 +86,38 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     import torch
 
     kept = [{k: group[k] for k in ("foreach", "fused", "capturable") if k in group} for group in optimizer.param_groups]
+    rates = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(saved)
-    for group, settings in zip(optimizer.param_groups, kept):
+    for group, settings, rate in zip(optimizer.param_groups, kept, rates):
         group.update(settings)
+        if torch.is_tensor(rate):       # the device tensor a graph reads, given the saved value
+            rate.fill_(float(group["lr"]))
+            group["lr"] = rate
         if settings.get("fused") or settings.get("capturable"):
             for param in group["params"]:
                 state = optimizer.state.get(param, {})
                 if torch.is_tensor(state.get("step")):
                     state["step"] = state["step"].to(param.device, torch.float32)
+
+
+def rate_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Make each group's learning rate a tensor on its parameters' device where the optimizer reads it
+    from there (fused kernels); returns whether it did. A CUDA graph then replays the update with
+    whatever rate ``set_lr`` wrote last, so schedules and warm-up run inside the graph."""
+    import torch
+    if not all(group.get("fused") for group in optimizer.param_groups):
+        return False
+    for group in optimizer.param_groups:
+        if not torch.is_tensor(group["lr"]):
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=group["params"][0].device)
+    return True
+
+
+def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """The learning rate of every group: written into the device tensor (no synchronisation) or set."""
+    import torch
+    for group in optimizer.param_groups:
+        if torch.is_tensor(group["lr"]):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value

@@ -170,8 +170,10 @@ class GraphedTrainStep(TrainStep):
 
     def capture(self) -> None:
         """Record one step. Nothing runs while recording, collectives included, so a rank whose
-        capture fails has not fallen out of step with the others."""
-        with torch.cuda.graph(self.graph):
+        capture fails has not fallen out of step with the others. Thread-local capture: only this
+        thread's CUDA calls must be capturable, not those that other threads of the process (nvJPEG's
+        decoder for the next batch) make meanwhile."""
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.loss = super().run(self.x, self.y)
 
     def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,51 @@
+"""nanoGPT's own model.py as a harness model: ``--model scripts.bench.nanogpt_model:gpt2``.
+
+The model is read from a checkout of karpathy/nanoGPT (``$NANOGPT_DIR``, default ``.nanogpt`` in the
+checkout root; not part of this repository), built with nanoGPT's GPT-2 124M recipe (block 1024,
+vocabulary padded to 50304, no biases, no dropout) and wrapped so that its forward returns every
+position's logits: nanoGPT's own forward without targets returns the last position's only (its
+inference shortcut), and the harness computes the loss itself.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _nanogpt() -> Any:
+    folder = Path(os.environ.get("NANOGPT_DIR", ROOT / ".nanogpt"))
+    spec = importlib.util.spec_from_file_location("nanogpt_model_py", folder / "model.py")
+    if spec is None or not (folder / "model.py").is_file():
+        raise ImportError(f"no nanoGPT model.py in {folder}: set NANOGPT_DIR to a checkout of karpathy/nanoGPT")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class AllLogits(torch.nn.Module):
+    """nanoGPT's GPT, every position's logits."""
+
+    def __init__(self, gpt: torch.nn.Module):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        body = self.gpt.transformer
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = body.drop(body.wte(idx) + body.wpe(pos))
+        for block in body.h:
+            x = block(x)
+        return self.gpt.lm_head(body.ln_f(x))
+
+
+def gpt2(info: Any, block_size: int = 1024, bias: bool = False) -> torch.nn.Module:
+    nanogpt = _nanogpt()
+    config = nanogpt.GPTConfig(block_size=block_size, vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
+                               dropout=0.0, bias=bias)
+    return AllLogits(nanogpt.GPT(config))

@@ -1,0 +1,207 @@
+"""One GPU, no communication: this harness's step against plain PyTorch loops written the way their
+users write them today, side by side in one run.
+
+Rows (``bench_single.json``, a list ``rows``; each with ``model``, ``variant``, ``step_ms``,
+``samples_per_s``, ``peak_mb`` = torch.cuda.max_memory_reserved, ``first_step_s`` from the process's
+start, ``vs_best_plain`` and ``device``):
+
+- ``resnet50``: batch 128, bf16, fused SGD with momentum, channels_last. ``plain-eager``,
+  ``plain-compile`` (torch.compile) and ``plain-compile-graph`` (torch.compile(mode="reduce-overhead"),
+  compile and CUDA graphs) on one synthetic batch resident on the GPU; ``harness`` and
+  ``harness-compile`` are Train.py on synthetic images (``--dataset synthetic``).
+- ``gpt-nanogpt``: GPT-2 124M, nanoGPT's recipe (batch 16 x accumulation 4 x 1024 tokens, bf16, fused
+  AdamW, clip 1.0, cosine schedule with warm-up). ``nanogpt`` is nanoGPT's own train.py (compile on)
+  from a checkout of karpathy/nanoGPT (``--nanogpt DIR``); ``harness`` and ``harness-compile`` are
+  Train.py on the same token file with nanoGPT's model.py (scripts/bench/nanogpt_model.py).
+- ``gpt-builtin``: the same recipe with this harness's ``--model gpt`` 124m (no biases, as nanoGPT's
+  recipe); ``vs_best_plain`` compares it with nanoGPT's train.py, ``vs_nanogpt_model`` with nanoGPT's
+  model in the same harness variant.
+
+Each row runs in a process of its own (its own peak memory); rows are appended to ``rows.jsonl`` as
+they finish, so a run cut short keeps what it measured.
+
+    python -m scripts.bench.single --out bench/results/DATE-DEVICE-single --nanogpt .nanogpt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from scripts.bench.common import append_jsonl, bench_record, device, module_command, run_train, subprocess_env, write_json
+
+ROWS = {"resnet50": ("plain-eager", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
+        "gpt-nanogpt": ("nanogpt", "harness", "harness-compile"),
+        "gpt-builtin": ("harness", "harness-compile")}
+SAMPLES_PER_STEP = {"resnet50": 128, "gpt-nanogpt": 16 * 4, "gpt-builtin": 16 * 4}
+GPT_RECIPE = ["--batch-size", "16", "--grad-accum", "4", "--optimizer", "adamw", "--lr", "6e-4", "--weight-decay",
+              "0.1", "--clip-grad", "1.0", "--amp", "bf16", "--lr-schedule", "cosine", "--warmup-steps", "2000",
+              "--min-lr", "6e-5"]
+
+
+def plain_resnet50(variant: str, steps: int) -> dict:
+    """The plain loop, in this process: (step_ms, first_step_s, peak_mb)."""
+    import torch
+    from harness.checkout.datasets import DataInfo
+    from harness.checkout.models import build_model
+    from harness.control.timeline import process_started_at
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    model = build_model("resnet50", DataInfo("image", (3, 224, 224), 1000)).cuda().to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    x = torch.randn(128, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (128,), device="cuda")
+    forward = {"plain-eager": model, "plain-compile": torch.compile(model),
+               "plain-compile-graph": torch.compile(model, mode="reduce-overhead")}[variant]
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(forward(x), y)
+        loss.backward()
+        optimizer.step()
+
+    step()
+    torch.cuda.synchronize()
+    first = time.time() - process_started_at()
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return {"step_ms": (time.perf_counter() - start) / steps * 1000, "first_step_s": first,
+            "peak_mb": torch.cuda.max_memory_reserved() / 2**20}
+
+
+def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path) -> dict:
+    """Train.py as a user runs it: step time from the first update's end to the last's (start-up and
+    compilation left out), peak memory from the worker, the first step from the parent's start."""
+    flags = ["--gpus", "0", "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else [])]
+    if model == "resnet50":
+        flags += ["--model", "resnet50", "--dataset", "synthetic", "--dataset-options",
+                  '{"shape": [3, 224, 224], "num_classes": 1000, "size": 1024}', "--val-fraction", "0",
+                  "--batch-size", "128", "--amp", "bf16", "--lr", "0.1"]
+    else:
+        name = ["--model", "scripts.bench.nanogpt_model:gpt2"] if model == "gpt-nanogpt" else \
+            ["--model", "gpt", "--model-options", '{"size": "124m", "bias": false}']
+        flags += [*name, "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
+                  '{"block_size": 1024, "vocab_size": 50257}', *GPT_RECIPE]
+    records = run_train(flags, work / f"{model}-{variant}", cwd=work)
+    first = next(r for r in records if r["event"] == "first_step")
+    done = next(r for r in records if r["event"] == "done")
+    startup = next(r for r in records if r["event"] == "startup")["parent"]
+    return {"step_ms": (done["time"] - first["time"]) / (done["step"] - first["step"]) * 1000,
+            "first_step_s": startup["first_step"] - startup["process"], "peak_mb": done["peak_gpu_mb"]}
+
+
+def nanogpt_row(steps: int, nanogpt: Path, tokens: Path) -> dict:
+    """nanoGPT's own train.py, compile on, nanoGPT's recipe at batch 16 x 4; step time the median of its
+    own per-iteration times after the first 10, peak memory read at its exit."""
+    data = nanogpt / "data" / "bench"
+    data.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        target = data / f"{split}.bin"
+        if not target.exists():
+            target.symlink_to(tokens / f"{split}.bin")
+    argv = ["train.py", "--dataset=bench", "--batch_size=16", "--gradient_accumulation_steps=4", "--compile=True",
+            f"--max_iters={steps}", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
+            "--always_save_checkpoint=False", f"--out_dir={data / 'out'}"]
+    wrapper = ("import atexit, runpy, sys, torch; sys.argv = " + repr(argv) + "; atexit.register(lambda: "
+               "print('PEAK_MB', torch.cuda.max_memory_reserved() / 2**20)); runpy.run_path('train.py', run_name='__main__')")
+    started, first, lines = time.time(), None, []
+    run = subprocess.Popen([sys.executable, "-u", "-c", wrapper], cwd=nanogpt, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=subprocess_env())
+    for line in run.stdout:
+        lines.append(line)
+        if first is None and line.startswith("iter 0:"):
+            first = time.time() - started
+    if run.wait() != 0:
+        raise RuntimeError("nanoGPT's train.py failed:\n" + "".join(lines[-40:]))
+    out = "".join(lines)
+    times = [float(m[1]) for m in re.finditer(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", out, re.M)]
+    return {"step_ms": statistics.median(times[10:]), "first_step_s": first,
+            "peak_mb": float(re.search(r"^PEAK_MB ([\d.]+)", out, re.M)[1])}
+
+
+def make_tokens(folder: Path) -> Path:
+    """A token file as nanoGPT's prepare scripts write them (uint16), random, 8M tokens to train on."""
+    import numpy as np
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8_000_000), ("val", 2 * 1025)):
+        rng.integers(0, 50257, count, dtype=np.uint16).tofile(folder / f"{split}.bin")
+    return folder
+
+
+def run_row(model: str, variant: str, args: argparse.Namespace, tokens: Path) -> dict:
+    steps = args.steps[model]
+    if variant.startswith("plain"):
+        done = subprocess.run(module_command("scripts.bench.single", "--row", model, variant, "--steps",
+                                             json.dumps(args.steps)), capture_output=True, text=True, timeout=900,
+                              env=subprocess_env())
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+    elif variant == "nanogpt":
+        measured = nanogpt_row(steps, Path(args.nanogpt).resolve(), tokens)
+    else:
+        measured = harness_row(model, variant, steps, args.out, tokens)
+    return {"model": model, "variant": variant, **measured,
+            "samples_per_s": SAMPLES_PER_STEP[model] / measured["step_ms"] * 1000, "device": device()}
+
+
+def compare(rows: list[dict]) -> None:
+    """vs_best_plain: samples/s over the best plain row of the model (nanoGPT's train.py for both GPT
+    models); vs_nanogpt_model: the built-in GPT over nanoGPT's model in the same harness variant."""
+    plain = {m: max((r["samples_per_s"] for r in rows if r["model"] == m and not r["variant"].startswith("harness")),
+                    default=None) for m in ROWS}
+    plain["gpt-builtin"] = plain["gpt-nanogpt"]
+    for row in rows:
+        best = plain[row["model"]]
+        row["vs_best_plain"] = row["samples_per_s"] / best if best else None
+        if row["model"] == "gpt-builtin":
+            twin = next((r for r in rows if r["model"] == "gpt-nanogpt" and r["variant"] == row["variant"]), None)
+            row["vs_nanogpt_model"] = row["samples_per_s"] / twin["samples_per_s"] if twin else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("bench-single"), help="folder for bench_single.json and the logs")
+    p.add_argument("--models", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
+    p.add_argument("--variants", default=None, help="only these variants (comma-separated)")
+    p.add_argument("--nanogpt", default=".nanogpt", help="a checkout of karpathy/nanoGPT (for the nanogpt row)")
+    p.add_argument("--steps", type=json.loads, default={"resnet50": 60, "gpt-nanogpt": 30, "gpt-builtin": 30},
+                   help="timed updates per model, as JSON")
+    p.add_argument("--row", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)   # one plain row, here
+    args = p.parse_args()
+    if args.row:
+        print(json.dumps(plain_resnet50(args.row[1], args.steps[args.row[0]])))
+        return
+    args.out = args.out.resolve()
+    os.environ["NANOGPT_DIR"] = str(Path(args.nanogpt).resolve())
+    tokens = make_tokens(args.out / "tokens")
+    rows = []
+    for model in args.models.split(","):
+        for variant in ROWS[model]:
+            if args.variants and variant not in args.variants.split(","):
+                continue
+            try:
+                rows.append(run_row(model, variant, args, tokens))
+            except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
+                rows.append({"model": model, "variant": variant, "error": str(e)[-2000:]})
+            append_jsonl(args.out / "rows.jsonl", rows[-1])
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "device"}), flush=True)
+    compare([r for r in rows if "error" not in r])
+    write_json(args.out / "bench_single.json", bench_record(rows=rows))
+
+
+if __name__ == "__main__":
+    main()
