@@ -53,6 +53,10 @@ def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractCo
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                       optimizer: torch.optim.Optimizer) -> Synchroniser:
+    """A world of one has nothing to average: the base Synchroniser does nothing (no gradient hooks,
+    no collectives), so one worker steps as a plain loop does."""
+    if comm.size == 1:
+        return Synchroniser(comm, flat)
     if config.mode == "param":
         return ParameterAveraging(comm, flat, config.avg_every, optimizer if config.avg_optimizer_state else None)
     if config.grad_sync == "flat":
@@ -69,3 +73,12 @@ def make_batches(split: Any, config: TrainConfig, rank: int, world: int, device:
     if is_streamed(split):
         return StreamedBatches(split, rank, world, batch, config.seed, device, config.data_workers)
     return ResidentBatches(split, rank, world, batch, config.seed, device)
+
+
+def model_loss(model: torch.nn.Module, loss_fn: Any) -> Any:
+    """``(x, y) -> loss_fn(model(x), y)``: what the training step calls, and what --compile compiles,
+    loss included, so that the compiler fuses the loss into the model's last layer (a language
+    model's cross-entropy then never holds its logits in float32)."""
+    def compute(x: Any, y: Any) -> torch.Tensor:
+        return loss_fn(model(x), y)
+    return compute

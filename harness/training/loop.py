@@ -34,7 +34,7 @@ from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_st
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
-from harness.training.build import autocast, build, load_data, make_batches, make_synchroniser
+from harness.training.build import autocast, build, load_data, make_batches, make_synchroniser, model_loss
 from harness.training.config import TrainConfig
 from harness.training.evaluation import evaluate
 from harness.training.metrics import worker_memory_mb
@@ -98,9 +98,11 @@ class Worker:
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         self.model, self.optimizer = build(config, self.data.info, self.device)
         self.flat = FlatParameters(self.model)
-        # compile: the training step runs the compiled model. It is compiled over the flat views, and the
-        # gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
-        self.forward = torch.compile(self.model) if config.compile else self.model
+        # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
+        # the gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
+        from harness.checkout.models import loss_fn
+        compute = model_loss(self.model, loss_fn)
+        self.compute = torch.compile(compute) if config.compile else compute
         timeline.mark(self.marks, "model")
         self.comm = ctx.communicator()
         timeline.mark(self.marks, "communicator")
@@ -144,7 +146,6 @@ class Worker:
         replica rank 0's), the stop vote, and the training step (a CUDA graph captures the communicator;
         GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their
         step only where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
-        from harness.checkout.models import loss_fn
         config = self.config
         self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer)
         if start:
@@ -153,7 +154,7 @@ class Worker:
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
         self.vote = StopVote(self.ctx, self.comm, self.device)
         self.train_step = make_step(
-            self.forward, self.optimizer, self.flat, self.sync, loss_fn, lambda: autocast(config, self.device), graph,
+            self.model, self.compute, self.optimizer, self.flat, self.sync, lambda: autocast(config, self.device), graph,
             example=self.example, say=lambda message: self.ctx.print(message) if self.lead else None,
             clip=config.clip_grad, accum=config.grad_accum, ticket=ticket)
 

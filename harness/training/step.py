@@ -59,11 +59,14 @@ class InFlight:
 
 
 class TrainStep:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: FlatParameters,
-                 sync: Synchroniser, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    """``model``: the module whose state a graph's warm-up puts back; ``compute(x, y)``: the loss of a
+    (micro-)batch, the model's forward and the loss in one call (compiled together under --compile)."""
+
+    def __init__(self, model: torch.nn.Module, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 optimizer: torch.optim.Optimizer, flat: FlatParameters, sync: Synchroniser,
                  autocast: Callable[[], Any], clip: float | None = None, accum: int = 1, ticket: Any = None):
-        self.model, self.optimizer, self.flat, self.sync = model, optimizer, flat, sync
-        self.loss_fn, self.autocast, self.clip, self.accum = loss_fn, autocast, clip, accum
+        self.model, self.compute, self.optimizer, self.flat, self.sync = model, compute, optimizer, flat, sync
+        self.autocast, self.clip, self.accum = autocast, clip, accum
         self.ticket = ticket        # a GPU worker that heals: the update applies only if it completed (heal.Ticket)
         self.in_flight = InFlight(HEAL_DEPTH) if ticket is not None else None
         self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
@@ -100,7 +103,7 @@ class TrainStep:
     def backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward and backward on one (micro-)batch, accumulating into the flat gradients."""
         with self.autocast():
-            loss = self.loss_fn(self.model(x), y)
+            loss = self.compute(x, y)
         if self.accum > 1:
             loss = loss / self.accum
         loss.backward()
@@ -191,7 +194,7 @@ class GraphedTrainStep(TrainStep):
         self.graph.reset()
 
 
-def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool | None = None,
+def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool | None = None,
               example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print,
               clip: float | None = None, accum: int = 1, ticket: Any = None) -> TrainStep:
     """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
@@ -199,7 +202,7 @@ def make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph: bool 
     ``clip``: clip the averaged gradients to this global norm before the optimizer's step.
     ``accum``: micro-batches per update (the batches given are ``accum`` times the micro-batch).
     ``ticket``: heal.Ticket, the guard of a GPU worker's updates when the group heals in place."""
-    args = (model, optimizer, flat, sync, loss_fn, autocast)
+    args = (model, compute, optimizer, flat, sync, autocast)
     eager = functools.partial(TrainStep, *args, clip=clip, accum=accum, ticket=ticket)
     if cuda_graph is False:
         return eager()

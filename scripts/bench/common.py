@@ -194,9 +194,11 @@ def train_command(*flags: str) -> list[str]:
 
 
 def run_train(flags: list[str], log_dir: Path, cwd: Path) -> list[dict]:
-    """Run Train.py with ``flags`` and ``--log-dir log_dir`` in ``cwd``; its metrics records. A failed
-    run raises with the end of its stderr."""
+    """Run Train.py with ``flags`` and ``--log-dir log_dir`` in ``cwd``; its metrics records. Its output
+    goes to log_dir/train.log; a failed run raises with the end of its stderr."""
     done = subprocess.run(train_command(*flags, "--log-dir", str(log_dir)), cwd=cwd, capture_output=True, text=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "train.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"Train.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
     from harness.training.metrics import read_metrics

@@ -59,12 +59,13 @@ def first_step(comm: Any = None) -> None:
         return
     import contextlib
     from harness.collectives.flat import FlatParameters
+    from harness.training.build import model_loss
     from harness.training.step import TrainStep
     from harness.collectives.sync import BucketedGradientAveraging
     flat = FlatParameters(model)
     sync = BucketedGradientAveraging(comm, flat)
     sync.start()
-    TrainStep(model, optimizer, flat, sync, loss_fn, contextlib.nullcontext)(x, y)
+    TrainStep(model, model_loss(model, loss_fn), optimizer, flat, sync, contextlib.nullcontext)(x, y)
 
 
 def harness_first_step(ctx: Any) -> float:

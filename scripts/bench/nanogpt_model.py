@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ def _nanogpt() -> Any:
     if spec is None or not (folder / "model.py").is_file():
         raise ImportError(f"no nanoGPT model.py in {folder}: set NANOGPT_DIR to a checkout of karpathy/nanoGPT")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module         # torch.compile looks the model's globals up by module name
     spec.loader.exec_module(module)
     return module
 

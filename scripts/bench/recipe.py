@@ -57,6 +57,7 @@ def make_variant(variant: str, spec: dict, comm):
     from harness.checkout.models import loss_fn
     from harness.collectives.flat import FlatParameters
     from harness.training.schedule import learning_rate
+    from harness.training.build import model_loss
     from harness.training.step import make_step
     from harness.collectives.sync import BucketedGradientAveraging
     recipe = recipe_for(spec)
@@ -91,9 +92,9 @@ def make_variant(variant: str, spec: dict, comm):
         return step, (ddp, optimizer)
     flat = FlatParameters(model)
     optimizer = optimizer_for(recipe, model.parameters())
-    forward = torch.compile(model) if variant == "harness" else model
+    compute = torch.compile(model_loss(model, loss_fn)) if variant == "harness" else model_loss(model, loss_fn)
     sync = BucketedGradientAveraging(comm, flat)
-    train_step = make_step(forward, optimizer, flat, sync, loss_fn, autocast, cuda_graph=graph,
+    train_step = make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph=graph,
                            example=(x, y), clip=recipe["clip"], accum=accum)
 
     def step() -> None:

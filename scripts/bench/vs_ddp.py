@@ -28,6 +28,7 @@ VARIANTS = ("single", "independent", "ddp", "harness", "harness-flat", "harness+
 def make_variant(variant: str, spec: dict, comm):
     """A step function for one variant, plus its model (kept alive while timing)."""
     from harness.collectives.flat import FlatParameters
+    from harness.training.build import model_loss
     from harness.training.step import TrainStep, make_step
     from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
     from harness.checkout.models import loss_fn
@@ -54,9 +55,10 @@ def make_variant(variant: str, spec: dict, comm):
     else:
         sync = BucketedGradientAveraging(comm, flat)
     if variant == "harness+graph":
-        train_step = make_step(model, optimizer, flat, sync, loss_fn, autocast, cuda_graph=True, example=(x, y))
+        train_step = make_step(model, model_loss(model, loss_fn), optimizer, flat, sync, autocast, cuda_graph=True,
+                               example=(x, y))
     else:
-        train_step = TrainStep(model, optimizer, flat, sync, loss_fn, autocast)
+        train_step = TrainStep(model, model_loss(model, loss_fn), optimizer, flat, sync, autocast)
     counter = [0]
 
     def step():
@@ -116,6 +118,7 @@ def first_step(spec: dict, comm=None) -> None:
     """Build, wrap and run one step; rank 0 prints when it is done (wall clock)."""
     import torch
     from harness.collectives.flat import FlatParameters
+    from harness.training.build import model_loss
     from harness.training.step import TrainStep
     from harness.collectives.sync import BucketedGradientAveraging
     from harness.checkout.models import loss_fn
@@ -137,7 +140,8 @@ def first_step(spec: dict, comm=None) -> None:
         dist.destroy_process_group()
         return
     flat = FlatParameters(model)
-    TrainStep(model, optimizer, flat, BucketedGradientAveraging(comm, flat), loss_fn, autocast)(x, y)
+    TrainStep(model, model_loss(model, loss_fn), optimizer, flat, BucketedGradientAveraging(comm, flat),
+              autocast)(x, y)
     torch.cuda.synchronize()
 
 

@@ -22,6 +22,7 @@ from scripts.bench.common import autocast_for, bar_chart, bench_record, build, m
 def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float:
     import torch
     from harness.collectives.flat import FlatParameters
+    from harness.training.build import model_loss
     from harness.training.step import TrainStep
     from harness.collectives.sync import BucketedGradientAveraging
     from harness.checkout.models import loss_fn
@@ -32,7 +33,7 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
     flat = FlatParameters(model)
     sync = BucketedGradientAveraging(comm, flat)
     sync.start()
-    step = TrainStep(model, optimizer, flat, sync, loss_fn, autocast_for(spec))
+    step = TrainStep(model, model_loss(model, loss_fn), optimizer, flat, sync, autocast_for(spec))
     return median_step(lambda: step(x, y), warmup, windows, per_window)
 
 
