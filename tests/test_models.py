@@ -43,7 +43,9 @@ def test_model_outputs_logits_of_the_right_shape(name, info):
     model = build_model(name, info)
     x = sample_input(info)
     out = model(x)
-    expected = (2, *info.input_shape, info.num_classes) if info.kind == "tokens" else (2, info.num_classes)
+    # a language model's vocabulary is padded to a multiple of 64 (its padded logits never win)
+    padded = -(-info.num_classes // 64) * 64
+    expected = (2, *info.input_shape, padded) if info.kind == "tokens" else (2, info.num_classes)
     assert out.shape == expected
     target = torch.randint(info.num_classes, expected[:-1])
     assert loss_fn(out, target).shape == ()
@@ -82,9 +84,23 @@ def test_gpt_is_causal():
 def test_gpt_124m_preset_is_gpt2_small_with_its_vocabulary_padded_to_a_multiple_of_64():
     with torch.device("meta"):
         model = build_model("gpt", DataInfo("tokens", (1024,), 50257), size="124m")
-        logits = model(torch.zeros(2, 16, dtype=torch.long))
     assert sum(p.numel() for p in model.parameters()) == 124_439_808 + (50304 - 50257) * 768
-    assert model.wte.weight.shape == (50304, 768) and logits.shape == (2, 16, 50257)
+    assert model.wte.weight.shape == (50304, 768)
+
+
+def test_a_padded_vocabulary_leaves_the_loss_and_predictions_on_the_real_one():
+    """vocab 61 pads to 64: the padded logits never win, and the loss equals cross-entropy over the
+    61 real logits alone (computed here by hand), gradients included."""
+    info = DataInfo("tokens", (12,), 61)
+    model = build_model("gpt", info, n_layer=1, n_head=2, n_embd=16)
+    x, y = torch.randint(0, 61, (3, 12)), torch.randint(0, 61, (3, 12))
+    logits = model(x)
+    assert logits.shape == (3, 12, 64) and (logits.argmax(-1) < 61).all()
+    real = logits[..., :61]
+    by_hand = (real.logsumexp(-1) - real.gather(-1, y[..., None]).squeeze(-1)).mean()
+    assert torch.allclose(loss_fn(logits, y), by_hand, atol=1e-6)
+    loss_fn(logits, y).backward()
+    assert model.wte.weight.grad[61:].abs().max() == 0
 
 
 @pytest.mark.parametrize(
