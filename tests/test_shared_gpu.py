@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 import Train
-from harness.training import run
+from harness.training import run as train
 from harness import Parent
 from harness.launch.mps import MpsDaemon
 from tests.helpers.collectives import assert_dead_peer_raises_childfailed, check_matrix, make_inputs, run_matrix
@@ -35,7 +35,7 @@ def test_every_op_dtype_and_placement_matches_float64_reference(workers, gpus):
 def run(tmp_path, name, *flags):
     args = Train.parse_args(["--epochs", "1", "--seed", "3", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--no-tf32",
                              "--save", str(tmp_path / f"{name}.pt"), "--log-dir", str(tmp_path / name), *flags])
-    return run(args), tmp_path / f"{name}.pt"
+    return train(args), tmp_path / f"{name}.pt"
 
 
 def relative_error(a, b):
