@@ -82,8 +82,8 @@ def _optimizer(a: Callable[..., Any]) -> None:
     a("--weight-decay", type=float, help="(default 0)")
     a("--lr-schedule", choices=SCHEDULES,
       help="learning rate over the run: constant (default), or decaying to --min-lr after the warm-up: "
-           "cosine (nanoGPT's), linear, step (a tenth after each third). Not with --cuda-graph (it would "
-           "freeze the rate): a schedule or warm-up runs eagerly")
+           "cosine (nanoGPT's), linear, step (a tenth after each third). Fused optimizers read the rate from "
+           "the device, so the CUDA graph replays the schedule; other optimizers step eagerly with one")
     a("--warmup-steps", type=int, help="updates over which the learning rate rises linearly to --lr")
     a("--min-lr", type=float, help="where the schedule ends (default 0)")
 
@@ -104,8 +104,8 @@ def _step(a: Callable[..., Any]) -> None:
            "with a message saying why). Its 3 warm-up updates on the first batch are undone, so it trains "
            "exactly as eager; --no-cuda-graph runs eagerly")
     a("--compile", action="store_true",
-      help="torch.compile the model for the training step (the first updates wait for the compiler; "
-           "evaluation runs eagerly). Not with --cuda-graph: a compiled model trains without one")
+      help="torch.compile the model and the loss for the training step (the first update waits for the "
+           "compiler; evaluation runs eagerly); on GPUs the compiled step is captured in the CUDA graph too")
     a("--clip-grad", type=float, metavar="NORM",
       help="clip the averaged gradients to this global norm before each update (the norm before clipping "
            "goes into the log as grad_norm)")
