@@ -46,8 +46,11 @@ def build(config: TrainConfig, info: Any, device: torch.device) -> tuple[torch.n
 
 
 def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    if config.amp == "bf16":     # no cache of cast weights: a CUDA graph would replay stale ones
-        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+    """--amp's autocast (fp16 also scales the loss: harness/training/scaling.py). No cache of cast
+    weights: a CUDA graph would replay stale ones."""
+    if config.amp:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[config.amp]
+        return torch.autocast(device.type, dtype=dtype, cache_enabled=False)
     return contextlib.nullcontext()
 
 

@@ -44,6 +44,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "weight_decay": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "target_error": (lambda v: 0 <= v <= 1, "must be a fraction in [0, 1]"),
+    "amp": (lambda v: v in ("bf16", "fp16"), "must be bf16 or fp16"),
 }
 MAX_LR = 10.0       # above this every optimizer we offer diverges at once
 
@@ -197,6 +198,11 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
         raise ConfigError(f"--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
                           f"every update: --optimizer {config.optimizer} is not fused, so its rate is not read "
                           f"from the device; use a fused optimizer (sgd, adam, adamw, adagrad) or drop one of them")
+    if config.amp == "fp16" and not fused:
+        impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
+        raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
+                          f"--optimizer {config.optimizer}{impl} ignores; use a fused optimizer (sgd, adam, adamw, "
+                          "adagrad) or --amp bf16")
     if config.compile and not gpus and not shutil.which("g++"):
         raise ConfigError("--compile on CPU workers needs a C++ compiler for torch's CPU code: install g++ "
                           "(e.g. apt-get install g++) or drop --compile")

@@ -68,7 +68,7 @@ class TrainConfig:
     # -- the step
     batch_size: int = 32                # per worker and micro-batch
     grad_accum: int = 1                 # micro-batches per update
-    amp: str | None = None              # "bf16" autocast
+    amp: str | None = None              # "bf16" autocast, or "fp16" autocast with loss scaling
     tf32: bool = True                   # GPU: TF32 tensor cores for fp32 matmuls and convolutions
     cuda_graph: bool | None = None      # GPU: capture the whole step (None: wherever it can be)
     compile: bool = False               # torch.compile the model for the training step

@@ -94,7 +94,10 @@ def _step(a: Callable[..., Any]) -> None:
       help="micro-batches per update (default 1): each worker accumulates K micro-batches' gradients and they "
            "are averaged across workers once per update, so N workers x K x --batch-size b train exactly as "
            "one worker with batch N*K*b; with --cuda-graph the whole update is one graph")
-    a("--amp", choices=("bf16",), help="bf16 autocast")
+    a("--amp", choices=("bf16", "fp16"),
+      help="autocast: bf16 (the choice on GPUs that have it: A100, H100 and later), or fp16 for GPUs without "
+           "bf16 (V100, T4), with dynamic loss scaling: an update whose gradients overflow is skipped and the "
+           "scale halved (logged as loss_scale and skipped_updates); fp16 needs a fused optimizer")
     a("--tf32", action=argparse.BooleanOptionalAction,
       help="GPU: fp32 matmuls and convolutions on TF32 tensor cores (default on; --no-tf32 for full fp32, "
            "e.g. to compare runs to 1e-5)")

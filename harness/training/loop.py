@@ -39,6 +39,7 @@ from harness.training.config import TrainConfig
 from harness.training.evaluation import evaluate
 from harness.training.metrics import worker_memory_mb
 from harness.training.optim import load_optimizer_state, set_lr
+from harness.training.scaling import LossScaler
 from harness.training.schedule import is_constant, learning_rate
 from harness.training.step import make_step
 
@@ -98,6 +99,7 @@ class Worker:
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         self.model, self.optimizer = build(config, self.data.info, self.device)
         self.flat = FlatParameters(self.model)
+        self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
         # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
         # the gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
         from harness.checkout.models import loss_fn
@@ -126,6 +128,8 @@ class Worker:
     def _restore(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])
         load_optimizer_state(self.optimizer, saved["optimizer"])
+        if self.scaler is not None and saved.get("loss_scale"):     # older checkpoints: the initial scale
+            self.scaler.load_state_dict(saved["loss_scale"][self.rank % len(saved["loss_scale"])])
         if self.state.position:        # mid-epoch: dropout and the like go on from where the generators were
             set_rng_state(saved["rng"][self.rank], self.device)
         if self.state.position >= self.batches.steps_per_epoch:
@@ -151,12 +155,14 @@ class Worker:
         if start:
             self.sync.start()
         ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
+        if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
+            self.scaler.bind(self.optimizer)
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
         self.vote = StopVote(self.ctx, self.comm, self.device)
         self.train_step = make_step(
             self.model, self.compute, self.optimizer, self.flat, self.sync, lambda: autocast(config, self.device), graph,
             example=self.example, say=lambda message: self.ctx.print(message) if self.lead else None,
-            clip=config.clip_grad, accum=config.grad_accum, ticket=ticket)
+            clip=config.clip_grad, accum=config.grad_accum, ticket=ticket, scaler=self.scaler)
 
     def train(self) -> dict:
         """Epoch after epoch until the run's length or a stop; a failed collective heals the group (when
@@ -252,7 +258,8 @@ class Worker:
         self.ctx.send({"event": "step", "epoch": s.epoch, "step": s.step, "loss": loss.item(), "rss_mb": self.memory,
                        "samples_per_s": done * self.samples_per_update / (self.last_report - started),
                        "lr": self.lr_at(s.step - 1),
-                       **({"grad_norm": self.train_step.grad_norm.item()} if self.config.clip_grad else {})})
+                       **({"grad_norm": self.train_step.grad_norm.item()} if self.config.clip_grad else {}),
+                       **(self.scaler.report() if self.scaler is not None else {})})
 
     def lr_at(self, update: int) -> float:
         c = self.config
@@ -305,11 +312,14 @@ class Worker:
             self.diverge(f"the parameters are not finite at update {s.step}")
             return
         generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
+        # every rank's (param mode's replicas scale apart; grad mode's alike)
+        scales = self.ctx.exchange(self.ctx.unique_tag("loss-scale"), self.scaler.state_dict()) if self.scaler else None
         if self.lead:
             saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
             self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                           "epoch": s.epoch, "step": s.step, "position": s.position,
                                           "rng": generators, "early_stop": (s.best_error, s.stale),
+                                          "loss_scale": scales,
                                           "config": config.to_dict()},
                             done=lambda: self.ctx.send(saved))
         s.saved_at = s.step
@@ -347,6 +357,8 @@ class Worker:
         place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
                                    average=self.config.mode == "param")
         timeline.mark(phases, "handed_over")
+        if self.scaler is not None:
+            self.scaler.share(self.comm, summary["donor"])
         self.state.go_to(place, self.batches.steps_per_epoch)
         self.attach(start=False)
         timeline.mark(phases, "attached")

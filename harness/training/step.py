@@ -64,9 +64,11 @@ class TrainStep:
 
     def __init__(self, model: torch.nn.Module, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  optimizer: torch.optim.Optimizer, flat: FlatParameters, sync: Synchroniser,
-                 autocast: Callable[[], Any], clip: float | None = None, accum: int = 1, ticket: Any = None):
+                 autocast: Callable[[], Any], clip: float | None = None, accum: int = 1, ticket: Any = None,
+                 scaler: Any = None):
         self.model, self.compute, self.optimizer, self.flat, self.sync = model, compute, optimizer, flat, sync
         self.autocast, self.clip, self.accum = autocast, clip, accum
+        self.scaler = scaler        # --amp fp16: the loss scale (harness/training/scaling.py)
         self.ticket = ticket        # a GPU worker that heals: the update applies only if it completed (heal.Ticket)
         self.in_flight = InFlight(HEAL_DEPTH) if ticket is not None else None
         self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
@@ -92,6 +94,8 @@ class TrainStep:
         self.sync.after_backward()
         if self.ticket is not None:
             self.ticket.punch()
+        if self.scaler is not None:     # unscaled before clipping; an overflowing update is skipped
+            self.scaler.unscale_(self.flat.grads)
         if self.clip is not None:
             self.grad_norm = clip_grad_norm(self.flat.grads, self.clip)
         self.optimizer.step()
@@ -106,7 +110,7 @@ class TrainStep:
             loss = self.compute(x, y)
         if self.accum > 1:
             loss = loss / self.accum
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
         return loss.detach()
 
 
@@ -159,6 +163,7 @@ class GraphedTrainStep(TrainStep):
         self.x, self.y = (t.clone() for t in example)
         rewind = Rewind(self.model, self.optimizer)
         applied = self.ticket.count.clone() if self.ticket is not None else None
+        scaled = self.scaler.state_dict() if self.scaler is not None else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -168,6 +173,8 @@ class GraphedTrainStep(TrainStep):
         rewind.restore()
         if applied is not None:         # warm-up's updates were undone: not applied after all
             self.ticket.count.copy_(applied)
+        if scaled is not None:          # and the loss scale they moved
+            self.scaler.load_state_dict(scaled)
         torch.cuda.empty_cache()        # warm-up's activations: the graph allocates its own
         self.graph = torch.cuda.CUDAGraph()
 
@@ -196,14 +203,15 @@ class GraphedTrainStep(TrainStep):
 
 def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool | None = None,
               example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print,
-              clip: float | None = None, accum: int = 1, ticket: Any = None) -> TrainStep:
+              clip: float | None = None, accum: int = 1, ticket: Any = None, scaler: Any = None) -> TrainStep:
     """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
     otherwise an eager one, with a message saying why (asked for by name, even on the CPU).
     ``clip``: clip the averaged gradients to this global norm before the optimizer's step.
     ``accum``: micro-batches per update (the batches given are ``accum`` times the micro-batch).
-    ``ticket``: heal.Ticket, the guard of a GPU worker's updates when the group heals in place."""
+    ``ticket``: heal.Ticket, the guard of a GPU worker's updates when the group heals in place.
+    ``scaler``: scaling.LossScaler, --amp fp16's loss scale."""
     args = (model, compute, optimizer, flat, sync, autocast)
-    eager = functools.partial(TrainStep, *args, clip=clip, accum=accum, ticket=ticket)
+    eager = functools.partial(TrainStep, *args, clip=clip, accum=accum, ticket=ticket, scaler=scaler)
     if cuda_graph is False:
         return eager()
     if example is None or example[0].device.type != "cuda":
@@ -218,7 +226,7 @@ def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool 
             "replay; running eagerly")
         return eager()
     make_capturable(optimizer)
-    step = GraphedTrainStep(*args, example=example, clip=clip, accum=accum, ticket=ticket)
+    step = GraphedTrainStep(*args, example=example, clip=clip, accum=accum, ticket=ticket, scaler=scaler)
     problem = None
     try:
         step.capture()
