@@ -5,10 +5,11 @@ loaders return a (train, test) pair of Splits. Streamed from disk (each worker r
 samples of its shard): imagefolder and tokens, and ``package.module:factory`` for a Dataset class
 of your own; these return map-style torch Datasets that carry a ``DataInfo`` as ``.info``.
 ``open_data`` gives a run its train / validation / test splits, ``check_data`` the cheap facts the
-parent checks before any worker starts.
+parent checks before any worker starts, ``describe_test`` what validation and Test.py evaluate.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from .cifar10 import load_cifar10
 from .custom import open_custom
 from .digits import load_digits
-from .imagefolder import open_imagefolder
+from .imagefolder import open_imagefolder, validation_source
 from .mnist import load_mnist
 from .oddeven import decode_oddeven, load_oddeven
 from .split import DataError, DataInfo, Split
@@ -24,7 +25,7 @@ from .synthetic import describe_synthetic, load_synthetic
 from .tokens import open_tokens
 
 __all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Split", "check_data", "dataset_names",
-           "decode_oddeven", "load_dataset", "open_data"]
+           "decode_oddeven", "describe_test", "load_dataset", "open_data"]
 
 DATASETS: dict[str, Callable[..., tuple[Split, Split]]] = {
     "cifar10": load_cifar10,
@@ -78,7 +79,7 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
         return Data(Split(train.x[:cut], train.y[:cut], train.info),
                     Split(train.x[cut:], train.y[cut:], train.info), test)
     if name in STREAMED:
-        train, val = STREAMED[name](data_dir, **options)
+        train, val = STREAMED[name](data_dir, seed=seed, val_fraction=val_fraction, **options)
     elif ":" in name:
         train, val = open_custom(name, data_dir, **options)
     else:
@@ -88,21 +89,37 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
 
 
 def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
-               **options) -> tuple[DataInfo, int]:
-    """(info, training samples) without loading the data: a streamed dataset is scanned and one sample
-    of each split decoded; synthetic data is described, not generated. Raises one-line errors."""
+               max_bad_samples: int = 0, **options) -> tuple[DataInfo, int]:
+    """(info, training samples) without loading the data: a streamed dataset is scanned and the first
+    sample of each split that loads is decoded (up to ``max_bad_samples`` before it are skipped, named on
+    stderr, as training skips them); synthetic data is described, not generated. Raises one-line errors."""
     if name == "synthetic":
         info, size = describe_synthetic(**options)
         return info, size - int(size * val_fraction)
     data = open_data(name, data_dir, seed, val_fraction, **options)
     if name in DATASETS:
         return data.info, len(data.train)
+    from harness.data.bad_samples import fetch, listing      # harness.data imports this package
     for split in (data.train, data.val):
         if split is not None:
             if len(split) == 0:
                 raise DataError(f"dataset {name}: a split of {data_dir or 'the factory'} has no samples")
+            try:
+                _, skipped = fetch(split, 0, tries=max_bad_samples + 1)
+            except DataError as error:
+                raise DataError(f"dataset {name}: {error} (--max-bad-samples {max_bad_samples})") from None
+            if skipped:
+                print(f"dataset {name}: skipping bad samples (--max-bad-samples {max_bad_samples}): "
+                      f"{listing(skipped)}", file=sys.stderr)
             if hasattr(split, "check"):
-                split.check()               # a dataset's own check covers its first sample
-            else:
-                split[0]
+                split.check(len(skipped))       # a dataset's own check, of the sample that loaded
     return data.info, len(data.train)
+
+
+def describe_test(name: str, data_dir: str | None = None, val_fraction: float = 0.0) -> str:
+    """What validation and Test.py evaluate, in words, without opening the data."""
+    if name == "imagefolder":
+        return validation_source(data_dir, val_fraction)
+    if name == "tokens":
+        return f"{data_dir}/val.bin"
+    return "the factory's 'val' split" if ":" in name else "the test split"

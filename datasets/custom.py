@@ -53,7 +53,8 @@ class Described(torch.utils.data.Dataset):
 def infer_info(dataset: Any, spec: str) -> DataInfo:
     if isinstance(getattr(dataset, "info", None), DataInfo):
         return dataset.info
-    x, _ = dataset[0]
+    from harness.data.bad_samples import fetch      # harness.data imports this package
+    (x, _), _ = fetch(dataset, 0)                   # the first sample that loads
     x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
     classes = getattr(dataset, "classes", None)
     count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)

@@ -1,10 +1,12 @@
 """A folder of images, ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``, read from disk.
 
 The layout is torchvision's ImageFolder (and ImageNet's): one folder per class, classes sorted by
-name. Nothing is loaded up front: the scan keeps only the file names, packed into one byte string
-with offsets (a Python list of a million ``str`` costs ~100 MB per process, and forked loader
-processes would copy it page by page as reference counts change), and each sample is decoded when
-it is asked for, in the loader's worker processes.
+name. Without ``val/``, validation (and Test.py) use a part of ``train/`` held out by ``val_fraction``,
+the same files for a given seed (``carve``). A file that does not decode raises ``SampleError``, which
+the pipeline skips (harness/data/bad_samples.py). Nothing is loaded up front: the scan keeps only the
+file names, packed into one byte string with offsets (a Python list of a million ``str`` costs ~100 MB
+per process, and forked loader processes would copy it page by page as reference counts change), and
+each sample is decoded when it is asked for, in the loader's worker processes.
 
 JPEGs are decoded by libjpeg-turbo through simplejpeg where it is installed (its fast IDCT and
 upsampling), else by Pillow; both scale by 1/2, 1/4 or 1/8 *while* decoding (simplejpeg's
@@ -19,6 +21,7 @@ pinned memory and PCIe); the device turns them into normalised floats (``DataInf
 """
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import io
@@ -32,21 +35,24 @@ import numpy as np
 import torch
 
 from . import nvjpeg
-from .split import DataError, DataInfo
+from .split import DataError, DataInfo, SampleError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)      # ImageNet's, as torchvision's examples use
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 DECODERS = ("nvjpeg", "simplejpeg", "pillow")
+CARVE_SALT = 0x5EED_0F_7A1        # the held-out part's own stream of the seed, apart from the epochs' orders
 
 
 class ImageFolder(torch.utils.data.Dataset):
-    """One split of an image folder. ``train=True``: random crops and flips; else resize + centre crop."""
+    """One split of an image folder. ``train=True``: random crops and flips; else resize + centre crop.
+    ``labels``: each sample's class; ``_files``: each sample's place in the scan (a ``part`` keeps some)."""
 
     def __init__(self, folder: Path, classes: tuple[str, ...], train: bool, crop: int, resize: int, decoder: str):
         self.folder, self.classes, self.train, self.crop, self.resize = folder, classes, train, crop, resize
         self.decoder = decoder
         self._names, self._offsets, self.labels = _scan(folder, classes)
+        self._files = np.arange(len(self.labels))
         self.info = DataInfo("image", (3, crop, crop), len(classes), classes, MEAN, STD)
         if decoder == "nvjpeg":     # samples stay encoded: the pipeline batches and decodes them on the device
             self.collate = nvjpeg.collate
@@ -55,8 +61,16 @@ class ImageFolder(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    def part(self, keep: np.ndarray, train: bool) -> ImageFolder:
+        """The samples ``keep`` (indices into this split) as a split of their own, sharing the scan, with
+        training's transforms or evaluation's."""
+        part = copy.copy(self)
+        part.train, part.labels, part._files = train, self.labels[keep], self._files[keep]
+        return part
+
     def path(self, index: int) -> Path:
-        start, end = self._offsets[index], self._offsets[index + 1]
+        file = self._files[index]
+        start, end = self._offsets[file], self._offsets[file + 1]
         return self.folder / os.fsdecode(self._names[start:end].tobytes())
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
@@ -66,12 +80,16 @@ class ImageFolder(torch.utils.data.Dataset):
                 return self._encoded(path), int(self.labels[index])
             pixels = self._decode(path)
         except (OSError, SyntaxError, ValueError) as error:   # the decoders' ways of saying "not an image"
-            raise DataError(f"image {path} cannot be decoded ({error}); replace or delete the file") from None
+            from PIL import UnidentifiedImageError            # its text shows a buffer's address: say it plainly
+            why = "not an image format Pillow knows" if isinstance(error, UnidentifiedImageError) else error
+            raise SampleError(f"image {path} cannot be decoded ({why}); replace or delete the file",
+                              f"cannot be decoded ({why})") from None
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))), int(self.labels[index])
 
-    def check(self) -> None:
-        """The parent's look at the first sample, decoded (with nvjpeg the loaders only read it)."""
-        sample = self[0]
+    def check(self, index: int = 0) -> None:
+        """The parent's look at sample ``index`` (the first that loads), decoded (with nvjpeg the loaders
+        only read it)."""
+        sample = self[index]
         if self.decoder == "nvjpeg":
             self.decode_batch(nvjpeg.collate([sample])[0], device=torch.device("cpu"))
 
@@ -172,9 +190,10 @@ def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarra
     return np.frombuffer(b"".join(names), dtype=np.uint8), offsets, np.asarray(labels, dtype=np.int32)
 
 
-def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256,
-                     decoder: str | None = None) -> tuple[ImageFolder, ImageFolder]:
-    """(train, val) splits of ``data_dir``; val's classes must be among train's. ``decoder``:
+def open_imagefolder(data_dir: str | None, seed: int = 0, val_fraction: float = 0.0, crop: int = 224,
+                     resize: int = 256, decoder: str | None = None) -> tuple[ImageFolder, ImageFolder | None]:
+    """(train, val) splits of ``data_dir``; val's classes must be among train's. Without val/, val is the
+    ``val_fraction`` of train/ that ``carve`` holds out for ``seed`` (None for 0). ``decoder``:
     "simplejpeg" (in the loader processes; the default where it is installed), "pillow", or "nvjpeg"
     (on the GPU, needs torchvision; see nvjpeg.py); other formats always use Pillow."""
     if decoder is None:
@@ -188,17 +207,35 @@ def open_imagefolder(data_dir: str | None, crop: int = 224, resize: int = 256,
         raise DataError("imagefolder: decoder 'simplejpeg' is not installed; pip install simplejpeg, "
                         "or pass --dataset-options '{\"decoder\": \"pillow\"}'")
     if data_dir is None:
-        raise DataError("--dataset imagefolder needs --data-dir DIR holding DIR/train/<class>/*.jpg and DIR/val/")
+        raise DataError("--dataset imagefolder needs --data-dir DIR holding DIR/train/<class>/*.jpg (and DIR/val/, "
+                        "else --val-fraction of train/ is held out for validation)")
     if not 0 < crop <= resize:
         raise DataError(f"imagefolder: crop={crop} and resize={resize} must satisfy 0 < crop <= resize")
     root = Path(data_dir)
     classes = class_names(root / "train")
+    train = ImageFolder(root / "train", classes, True, crop, resize, decoder)
     if not (root / "val").is_dir():
-        raise FileNotFoundError(f"imagefolder: {root / 'val'} does not exist; validation and Test.py read it: "
-                                f"add {root / 'val'}/<class>/*.jpg with the same class names as train/")
+        return carve(train, val_fraction, seed)
     extra = sorted(set(class_names(root / "val")) - set(classes))
     if extra:
         raise DataError(f"imagefolder: {root / 'val'} has classes not in train/ ({', '.join(extra[:5])}); "
                         "val/ must use train/'s class folder names")
-    return (ImageFolder(root / "train", classes, True, crop, resize, decoder),
-            ImageFolder(root / "val", classes, False, crop, resize, decoder))
+    return train, ImageFolder(root / "val", classes, False, crop, resize, decoder)
+
+
+def carve(train: ImageFolder, fraction: float, seed: int) -> tuple[ImageFolder, ImageFolder | None]:
+    """(the rest of ``train``, ``fraction`` of it for validation): a random pick, the same for the same
+    seed (Test.py and --resume find the same part), each part in file order."""
+    held = int(len(train) * fraction)
+    if held == 0:
+        return train, None
+    order = np.random.default_rng([seed, CARVE_SALT]).permutation(len(train))
+    return train.part(np.sort(order[held:]), True), train.part(np.sort(order[:held]), False)
+
+
+def validation_source(data_dir: str | None, val_fraction: float) -> str:
+    """What validation and Test.py evaluate, in words."""
+    root = Path(data_dir or ".")
+    if (root / "val").is_dir():
+        return f"{root / 'val'}/"
+    return f"the validation part carved from {root / 'train'}/ ({val_fraction * 100:g}%)"

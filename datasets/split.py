@@ -9,6 +9,15 @@ class DataError(ValueError):
     """A data file or folder that cannot be used; the message names it and what to do."""
 
 
+class SampleError(DataError):
+    """One sample that cannot be loaded (a corrupt or truncated file): the message names it and the fix,
+    ``reason`` says only what is wrong, for the log's record, which names the file apart."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
+
+
 @dataclass(frozen=True)
 class DataInfo:
     """What a model needs to know to fit the data without seeing it."""

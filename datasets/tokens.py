@@ -77,10 +77,10 @@ class TokenWindows(torch.utils.data.Dataset):
         self._map.madvise(mmap.MADV_DONTNEED, low, high - low)
         return window[:-1], window[1:]
 
-    def check(self) -> None:
-        """Read the first window, then the first tokens (at most PROBE_TOKENS), and refuse ids the model
+    def check(self, index: int = 0) -> None:
+        """Read window ``index``, then the first tokens (at most PROBE_TOKENS), and refuse ids the model
         could not embed."""
-        self[0]
+        self[index]
         probe = np.asarray(self.tokens()[:PROBE_TOKENS])
         if self.dtype == "uint16" and len(probe) >= 64 and probe[1::2].max() == 0 < probe[0::2].max():
             raise DataError(f"tokens: every other uint16 of {self.path} is zero: it looks like uint32 ids; "
@@ -91,9 +91,10 @@ class TokenWindows(torch.utils.data.Dataset):
                             f"pass the right vocab_size (and dtype: this file was read as {self.dtype})")
 
 
-def open_tokens(data_dir: str | None, block_size: int = 256, dtype: str = "uint16", vocab_size: int = 50257,
-                val_windows: int = 512) -> tuple[TokenWindows, TokenWindows]:
-    """(train, val) from ``data_dir``/train.bin and val.bin; validation uses ``val_windows`` windows."""
+def open_tokens(data_dir: str | None, seed: int = 0, val_fraction: float = 0.0, block_size: int = 256,
+                dtype: str = "uint16", vocab_size: int = 50257, val_windows: int = 512) -> tuple[TokenWindows, TokenWindows]:
+    """(train, val) from ``data_dir``/train.bin and val.bin; validation uses ``val_windows`` windows
+    (``seed`` and ``val_fraction``, which carve an image folder's validation, are not used: val.bin is it)."""
     if data_dir is None:
         raise DataError("--dataset tokens needs --data-dir DIR holding DIR/train.bin and DIR/val.bin")
     if dtype not in DTYPES:

@@ -36,7 +36,7 @@ def test_imagefolder_scans_classes_and_decodes_uint8_crops(images, decoder):
 @pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
 def test_training_crops_depend_on_the_sample_seed_only(images, decoder):
     train = Seeded(open_data("imagefolder", str(images), decoder=decoder, **CROP).train)
-    a, b, c = train[(5, 11)][0], train[(5, 11)][0], train[(5, 12)][0]
+    (a, _), (b, _), (c, _) = (train[key][0] for key in ((5, 11), (5, 11), (5, 12)))     # (sample, failures)
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -99,7 +99,7 @@ def test_streamed_batches_equal_the_samples_in_the_sampler_order(images, workers
     assert len(got) == batches.steps_per_epoch - 1 == 2
     seeded = Seeded(dataset)
     for (x, y), batch in zip(got, keys):
-        expected = torch.stack([seeded[key][0] for key in batch]).float()
+        expected = torch.stack([seeded[key][0][0] for key in batch]).float()      # (sample, failures)'s x
         mean = torch.tensor(dataset.info.mean).view(1, -1, 1, 1) * 255
         std = torch.tensor(dataset.info.std).view(1, -1, 1, 1) * 255
         assert x.dtype == torch.float32 and torch.allclose(x, (expected - mean) / std)
@@ -178,8 +178,8 @@ def test_encoded_batches_decode_to_the_same_crops_as_the_cpu_decoders(images):
     assert decoded.dtype == torch.uint8 and decoded.shape == expected.shape
     assert (decoded.float() - expected.float()).abs().mean() < 4
     train = Seeded(ImageFolder(images / "train", pillow.info.class_names, True, 16, 20, "nvjpeg"))
-    (data, box, flip, path), _ = train[(3, 7)]
-    assert train[(3, 7)][0][1:3] == (box, flip) and path.endswith("c0/003.jpg") and len(data) > 100
+    ((data, box, flip, path), _), _ = train[(3, 7)]
+    assert train[(3, 7)][0][0][1:3] == (box, flip) and path.endswith("c0/003.jpg") and len(data) > 100
     bad = batch._replace(data=[*batch.data[:-1], torch.frombuffer(bytearray(b"\xff\xd8 no"), dtype=torch.uint8)],
                          paths=[*batch.paths[:-1], "broken.jpg"])
     with pytest.raises(DataError, match="image broken.jpg cannot be decoded"):

@@ -108,9 +108,6 @@ def empty(folder):
     (lambda root: shutil.rmtree(root / "train"), "train does not exist"),
     (lambda root: empty(root / "train"), "train has no class folders"),
     (lambda root: empty(root / "train" / "c1"), "class folder .*/train/c1 has no images"),
-    (lambda root: shutil.rmtree(root / "val"), "val does not exist"),
-    (lambda root: (root / "train" / "c0" / "000.jpg").write_bytes(b"not a jpeg"), "000.jpg cannot be decoded"),
-    (lambda root: (root / "val" / "c0" / "000.jpg").write_bytes(b"\xff\xd8\xff truncated"), "val/c0/000.jpg cannot"),
 ])
 def test_bad_image_folders_are_one_line_errors_before_any_worker(damage, message, images, tmp_path):
     root = broken(tmp_path, images, damage)
@@ -139,10 +136,10 @@ def test_a_corrupt_image_met_mid_run_names_the_file_and_keeps_the_last_checkpoin
     save = tmp_path / "m.pt"
     result = cli("Train.py", "--dataset", "imagefolder", "--data-dir", str(root), "--dataset-options",
                  '{"crop": 16, "resize": 20}', "--batch-size", "2", "--epochs", "3", "--save-every-steps", "1",
-                 "--data-workers", "1", "--save", str(save), "--log-dir", str(tmp_path / "log"),
+                 "--data-workers", "1", "--max-bad-samples", "0", "--save", str(save), "--log-dir", str(tmp_path / "log"),
                  env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 1, result.stderr
-    assert f"image {root}/train/c2/005.jpg cannot be decoded" in result.stderr
+    assert f"{root}/train/c2/005.jpg: cannot be decoded" in result.stderr
     state = load_checkpoint(save)                     # intact, and from before the failure
     assert 1 <= state["step"] < 18
 

@@ -31,6 +31,7 @@ import torch
 
 from harness.checkout.datasets import Split
 from harness.checkout.datasets.sharding import epoch_seed, shard_indices
+from harness.data.bad_samples import Collate, fetch, handed_out
 
 PR_SET_PDEATHSIG = 1        # linux/prctl.h: a signal this process gets when its parent dies
 
@@ -70,9 +71,10 @@ class ResidentBatches:
 
 class Seeded(torch.utils.data.Dataset):
     """Fetches ``(index, seed)`` keys: seeds ``random``, numpy and torch's CPU generator, then
-    returns ``dataset[index]``. Only the CPU generator: seeding CUDA's in a forked loader would
-    queue a lazy call, with a stack trace, per sample. In the training process itself
-    (``--data-workers 0``) the generators are put back afterwards: dropout draws from them."""
+    returns (``dataset[index]``, []), or where that sample fails to load, (the replacement drawn under
+    the same seed, the failures met): harness/data/bad_samples.py. Only the CPU generator: seeding
+    CUDA's in a forked loader would queue a lazy call, with a stack trace, per sample. In the training
+    process itself (``--data-workers 0``) the generators are put back afterwards: dropout draws from them."""
 
     def __init__(self, dataset: Any):
         self.dataset = dataset
@@ -91,11 +93,14 @@ class Seeded(torch.utils.data.Dataset):
             np.random.set_state(saved[1])
             torch.set_rng_state(saved[2])
 
-    def _fetch(self, index: int, seed: int) -> Any:
-        random.seed(seed)
-        np.random.seed(seed & 0xFFFFFFFF)
-        torch.default_generator.manual_seed(seed)
-        return self.dataset[index]
+    def _fetch(self, index: int, seed: int) -> tuple[Any, list[dict]]:
+        return fetch(self.dataset, index, functools.partial(_seed_all, seed))
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch.default_generator.manual_seed(seed)
 
 
 class ShardSampler(torch.utils.data.Sampler):
@@ -126,13 +131,15 @@ class StreamedBatches:
         self.steps_per_epoch = self.sampler.steps_per_epoch
         self.dataset, self.device = dataset, device
         self.loader = _loader(Seeded(dataset), device, workers, batch_sampler=self.sampler,
-                              collate_fn=getattr(dataset, "collate", None))
+                              collate_fn=Collate(getattr(dataset, "collate", None)))
         self._iterator: Iterator | None = None
+        self.failures: list[dict] = []          # bad samples of the batches handed out; the loop takes them
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         self.sampler.position = (epoch, start)
         self._iterator = iter(self.loader)      # persistent workers: reused, told the new positions
-        return to_device(self._iterator, self.device, self.dataset)
+        return handed_out(self._iterator, lambda batches: to_device(batches, self.device, self.dataset),
+                          self.failures)
 
     def close(self) -> None:
         shutdown = getattr(self._iterator, "_shutdown_workers", None)
@@ -141,9 +148,10 @@ class StreamedBatches:
 
 
 def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: torch.device,
-                       workers: int = 0) -> Iterator[Batch]:
+                       workers: int = 0, failures: list[dict] | None = None) -> Iterator[Batch]:
     """Samples rank, rank + world, ... of ``split`` in order, in batches on ``device``: every sample
-    is counted once whatever the world size."""
+    is counted once whatever the world size. A sample that fails to load is replaced by the next that
+    loads (harness/data/bad_samples.py) and added to ``failures``, where given."""
     if not is_streamed(split):
         mine = torch.arange(len(split))[rank::world]
         for start in range(0, len(mine), batch):
@@ -153,8 +161,9 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
     # Seeded with fixed keys: a sample's randomness, if any, is the same at every evaluation, and an
     # evaluation in the training process leaves its generators as they were (resume stays exact).
     subset = torch.utils.data.Subset(Seeded(split), [(i, i) for i in range(rank, len(split), world)])
-    loader = _loader(subset, device, workers, batch_size=batch, collate_fn=getattr(split, "collate", None))
-    yield from to_device(iter(loader), device, split)
+    loader = _loader(subset, device, workers, batch_size=batch, collate_fn=Collate(getattr(split, "collate", None)))
+    yield from handed_out(iter(loader), lambda batches: to_device(batches, device, split),
+                          failures if failures is not None else [])
 
 
 def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -> torch.utils.data.DataLoader:

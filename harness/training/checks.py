@@ -35,7 +35,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cpu_workers": AT_LEAST_ONE, "workers_per_gpu": AT_LEAST_ONE, "batch_size": AT_LEAST_ONE,
     "grad_accum": AT_LEAST_ONE, "epochs": AT_LEAST_ONE, "avg_every": AT_LEAST_ONE, "max_steps": AT_LEAST_ONE,
     "seed": NOT_NEGATIVE, "patience": NOT_NEGATIVE, "validate_every": NOT_NEGATIVE, "save_every": NOT_NEGATIVE,
-    "save_every_steps": NOT_NEGATIVE, "data_workers": NOT_NEGATIVE,
+    "save_every_steps": NOT_NEGATIVE, "data_workers": NOT_NEGATIVE, "max_bad_samples": NOT_NEGATIVE,
     "max_restarts": NOT_NEGATIVE,
     "heartbeat_timeout": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
     "bucket_mb": POSITIVE, "lr": POSITIVE,
@@ -263,7 +263,8 @@ def _check_data_and_model(config: TrainConfig) -> int:
     from harness.training.fit import check_fit
     try:
         info, samples = check_data(config.dataset, config.data_dir, seed=config.seed,
-                                   val_fraction=config.val_fraction, **config.dataset_options)
+                                   val_fraction=config.val_fraction, max_bad_samples=config.max_bad_samples,
+                                   **config.dataset_options)
         with torch.device("meta"):          # checks the model's options without allocating its weights
             make_model(config, info, torch.device("meta"))
     except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read

@@ -36,7 +36,8 @@ class TrainConfig:
     dataset_options: dict = field(default_factory=dict)     # keyword arguments of the dataset
     data_dir: str | None = None         # the dataset's folder (None: the dataset's own default)
     data_workers: int | None = None     # loader processes per worker (None: the host's cores shared out)
-    val_fraction: float = 0.1           # share of the training set held out for validation
+    val_fraction: float = 0.1           # share of the training set held out for validation (image folder: without val/)
+    max_bad_samples: int = 10           # samples that fail to load, skipped and replaced, before the run stops
     # -- workers and placement
     gpus: str | None = None             # "all" or "0,1" (None: every GPU if there is one, else CPU)
     cpu_workers: int = 2                # workers when no GPU is used

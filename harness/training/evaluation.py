@@ -97,14 +97,21 @@ def summarize(state: dict, confusion: torch.Tensor, shown: list[dict]) -> dict:
         matrix = confusion.tolist()
     return {"accuracy": hits / total, "samples": total, "per_class_accuracy": per_class,
             "confusion_matrix": matrix, "examples": shown, "model": state["config"]["model"],
-            "dataset": state["config"]["dataset"], "epoch": state["epoch"], "step": state["step"]}
+            "dataset": state["config"]["dataset"], "epoch": state["epoch"], "step": state["step"],
+            "evaluates": evaluated(state["config"])}
+
+
+def evaluated(config: dict) -> str:
+    """What the test split is, in words: an image folder's val/, or the part of train/ carved for it."""
+    from harness.checkout.datasets import describe_test
+    return describe_test(config["dataset"], config.get("data_dir"), config.get("val_fraction", 0.0))
 
 
 def report(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result))
         return
-    print(f"{result['model']} on {result['dataset']} test split ({result['samples']} samples), "
+    print(f"{result['model']} on {result['dataset']}, {result['evaluates']} ({result['samples']} samples), "
           f"trained {result['epoch']} epochs / {result['step']} updates")
     print(f"accuracy: {result['accuracy']:.4f}")
     if result["per_class_accuracy"]:

@@ -23,7 +23,8 @@ def _model_and_data(a: Callable[..., Any]) -> None:
     a("--model", help="registry name (cnn, gpt, mlp, oddeven, resnet18, resnet50) or package.module:factory")
     a("--model-options", help='JSON options for the model factory, e.g. \'{"hidden": [256]}\'')
     a("--dataset", help="in memory: cifar10, digits, mnist, oddeven, synthetic; streamed from --data-dir: imagefolder "
-                        "(DIR/train/<class>/*.jpg and DIR/val/), tokens (DIR/train.bin and val.bin); or "
+                        "(DIR/train/<class>/*.jpg, and DIR/val/ or else --val-fraction of train/), tokens "
+                        "(DIR/train.bin and val.bin); or "
                         "package.module:factory returning a torch Dataset (called as factory(split, data_dir, **options))")
     a("--dataset-options",
       help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic, \'{"crop": 224, "resize": 256}\' '
@@ -33,7 +34,13 @@ def _model_and_data(a: Callable[..., Any]) -> None:
     a("--data-workers", type=int,
       help="loader processes per worker for streamed datasets (default: the host's cores shared out among "
            "the workers, one left for training, at most 16; 0 loads in the training process)")
-    a("--val-fraction", type=float, help="share of the training set held out for validation (default 0.1)")
+    a("--val-fraction", type=float,
+      help="share of the training set held out for validation (default 0.1): in-memory datasets, and an image "
+           "folder without val/ (a seeded pick of train/, which Test.py then evaluates)")
+    a("--max-bad-samples", type=int, metavar="N",
+      help="samples that fail to load or decode (a corrupt JPEG) are skipped, replaced by the next that loads "
+           "and named in the log; past N of them (default 10) the run saves and stops with the list")
+
 
 
 def _workers(a: Callable[..., Any]) -> None:

@@ -29,6 +29,7 @@ import torch
 from harness.collectives import ncclstop
 from harness.collectives.flat import FlatParameters
 from harness.control import timeline
+from harness.data.bad_samples import Tally
 from harness.data.pipeline import evaluation_batches
 from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
@@ -95,6 +96,7 @@ class Worker:
         self.state = RunState(saved["epoch"], saved["step"], saved.get("position", 0),
                               *saved.get("early_stop", (math.inf, 0)), saved_at=saved["step"]) if saved else RunState()
         self.batches = make_batches(self.data.train, config, self.rank, self.world, self.device)
+        self.bad = Tally(ctx, config.max_bad_samples)      # samples that failed to load: logged, counted
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         self.model, self.optimizer = build(config, self.data.info, self.device)
@@ -175,8 +177,10 @@ class Worker:
                 if not self.config.heal_in_place:
                     raise
                 self.recover(error)
+        self.state.stop = self.state.stop or self.bad.gather(self.state.step)     # the last updates' bad samples
         self.sync.finish()
         self.saver.wait()
+        self.bad.check(self.config.save)        # past --max-bad-samples: the error, now that the stop is saved
         s = self.state
         peak = torch.cuda.max_memory_reserved(self.device) / 2**20 if self.device.type == "cuda" else None
         if self.lead:
@@ -234,6 +238,7 @@ class Worker:
             self.diverge(f"the loss is not finite by update {s.step}")
         elif s.interrupted and s.stop is None:
             s.stop = f"interrupted by {signal.Signals(s.interrupted).name}"
+        s.stop = s.stop or self.bad.after_update(s.step, self.batches)     # past --max-bad-samples: stop, save
         return loss
 
     def diverge(self, why: str) -> None:
@@ -276,10 +281,12 @@ class Worker:
             return None
         self.sync.finish()
         # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
+        failures: list[dict] = []
         batches = evaluation_batches(self.data.val, self.rank, self.world, config.batch_size, self.device,
-                                     config.data_workers)
+                                     config.data_workers, failures)
         _, correct, count = evaluate(self.model, batches, lambda: autocast(config, self.device))
         totals = torch.tensor([correct, count], dtype=torch.float64, device=self.device)
+        self.bad.add("val", s.step, failures)
         self.comm.all_reduce(totals)
         error = 1.0 - (totals[0] / totals[1]).item()
         if error < s.best_error - 1e-12:
