@@ -48,6 +48,10 @@ def bad_records(log: Path) -> list[dict]:
     return [r for r in read_metrics(log / "metrics.jsonl") if r["event"] == "bad_sample"]
 
 
+def occurrences(records: list[dict]) -> list[tuple]:
+    return sorted((r["update"], r["path"], r["rank"], r["error"]) for r in records)
+
+
 def test_a_bad_sample_is_replaced_by_the_next_that_loads_drawn_under_its_seed(images, tmp_path):
     root = damaged(images, tmp_path)
     train = Seeded(open_data("imagefolder", str(root), **CROP).train)
@@ -76,9 +80,7 @@ def test_corrupt_files_are_skipped_named_once_per_occurrence_and_a_resume_is_exa
     assert collections.Counter((r["path"], r["rank"]) for r in logged) == expected
     assert all(r["split"] == "train" and r["error"].startswith("cannot be decoded (") for r in logged)
     # The stopped run and its resume logged between them exactly what the straight run did, at the same updates.
-    def seen(records):
-        return sorted((r["update"], r["path"], r["rank"], r["error"]) for r in records)
-    assert seen(bad_records(tmp_path / "stopped") + bad_records(tmp_path / "resumed")) == seen(logged)
+    assert occurrences(bad_records(tmp_path / "stopped") + bad_records(tmp_path / "resumed")) == occurrences(logged)
 
 
 def test_the_replacement_does_not_depend_on_the_loader_processes(images, tmp_path):
