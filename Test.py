@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.data_dir:
         state["config"]["data_dir"] = args.data_dir
-    for what in ("model", "dataset"):
-        why = unimportable(state["config"][what], what)
+    for what in ("model", "dataset", "loss"):
+        why = unimportable(state["config"].get(what) or "", what)
         if why:
             print(f"Test.py: error: {why}", file=sys.stderr)
             return 2

@@ -2,8 +2,12 @@
 
 ``factory(split, data_dir, **options)`` is called with split ``"train"`` and ``"val"`` and returns
 a map-style ``torch.utils.data.Dataset`` whose samples are ``(x, y)`` pairs (tensors or numpy
-arrays; ``y`` may be an int), or ``None`` for a split it does not have (no validation then, and
-Test.py has nothing to score). Any existing Dataset class plugs in through a three-line factory.
+arrays; ``y`` may be an int), dicts of tensors (passed to the model as keyword arguments, as Hugging
+Face's ``input_ids``/``attention_mask``/``labels``) or tuples of tensors, or ``None`` for a split it
+does not have (no validation then, and Test.py has nothing to score). A dataset with a
+``collate_fn`` attribute (padding variable-length samples, say) has its batches made by it. Any
+existing Dataset class plugs in through a three-line factory; a Hugging Face ``datasets.Dataset``
+with ``set_format("torch")`` plugs in as it is.
 
 What the model needs to know (``DataInfo``) is taken from ``dataset.info`` if it has one, else
 read off the first sample and ``dataset.classes`` (torchvision's name) or ``dataset.num_classes``.
@@ -42,6 +46,8 @@ class Described(torch.utils.data.Dataset):
 
     def __init__(self, dataset: Any, info: DataInfo):
         self.dataset, self.info = dataset, info
+        self.collate = getattr(dataset, "collate_fn", None)       # the pipeline's DataLoader uses it
+        self.static_shapes = self.collate is None       # a collate_fn of one's own may pad to each batch's longest
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -54,7 +60,12 @@ def infer_info(dataset: Any, spec: str) -> DataInfo:
     if isinstance(getattr(dataset, "info", None), DataInfo):
         return dataset.info
     from harness.data.bad_samples import fetch      # harness.data imports this package
-    (x, _), _ = fetch(dataset, 0)                   # the first sample that loads
+    sample, _ = fetch(dataset, 0)                   # the first sample that loads
+    if isinstance(sample, dict) or (isinstance(sample, (tuple, list)) and len(sample) != 2):
+        # keyword or positional inputs: the model's own factory knows their sizes (a vocabulary, say)
+        count = getattr(dataset, "num_classes", None)
+        return DataInfo("dict" if isinstance(sample, dict) else "tuple", (), count if isinstance(count, int) else 0)
+    x, _ = sample
     x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
     classes = getattr(dataset, "classes", None)
     count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)

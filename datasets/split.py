@@ -22,7 +22,8 @@ class SampleError(DataError):
 class DataInfo:
     """What a model needs to know to fit the data without seeing it."""
 
-    kind: str  # "image" (x: float32 N,C,H,W), "vector" (x: float32 N,D) or "tokens" (x, y: int64 N,T)
+    kind: str  # "image" (x: float32 N,C,H,W), "vector" (x: float32 N,D), "tokens" (x, y: int64 N,T), or
+    # "dict" / "tuple" for samples of keyword / positional inputs (num_classes 0 where it means nothing)
     input_shape: tuple[int, ...]
     num_classes: int  # vocabulary size for tokens
     class_names: tuple[str, ...] = ()

@@ -9,6 +9,7 @@ from harness.plugins import import_factory
 
 from .cnn import cnn
 from .gpt import gpt
+from .huggingface import hf_causal_lm
 from .mlp import mlp, oddeven
 from .resnet import resnet18, resnet50
 
@@ -17,6 +18,7 @@ __all__ = ["MODELS", "build_model", "loss_fn", "model_names"]
 MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     "cnn": cnn,
     "gpt": gpt,
+    "hf-causal-lm": hf_causal_lm,
     "mlp": mlp,
     "oddeven": oddeven,
     "resnet18": resnet18,

@@ -55,18 +55,18 @@ def test_token_data_with_the_default_model_is_refused_in_one_line(tokens_dir, mo
     assert "--model mlp does not fit --dataset tokens" in line and "int64 [2, 32]" in line
 
 
-def test_a_model_that_returns_a_tuple_is_refused_naming_what_it_returns(tmp_path, monkeypatch, capsys):
+def test_a_model_that_returns_a_tuple_without_a_loss_is_refused_naming_what_it_returns(tmp_path, monkeypatch, capsys):
     (tmp_path / "tuple_model.py").write_text(
         "import torch\n"
         "class M(torch.nn.Linear):\n"
         "    def forward(self, x):\n"
         "        out = super().forward(x.flatten(1))\n"
-        "        return out, out.sum()\n"
+        "        return out, out\n"
         "def make(info):\n"
         "    return M(64, info.num_classes)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     line = train_error("--model", "tuple_model:make", monkeypatch=monkeypatch, capsys=capsys)
-    assert "--model tuple_model:make does not fit --dataset digits: it returns a tuple, not a tensor" in line
+    assert "--model tuple_model:make does not fit --dataset digits: it returns a tuple, not a tensor of logits" in line
 
 
 @pytest.mark.parametrize("flags, message", [

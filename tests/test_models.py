@@ -21,7 +21,7 @@ def tiny_factory(info, width: int = 3) -> torch.nn.Module:
 
 
 def test_registry_lists_all_models():
-    assert model_names() == sorted(MODELS) == ["cnn", "gpt", "mlp", "oddeven", "resnet18", "resnet50"]
+    assert model_names() == sorted(MODELS) == ["cnn", "gpt", "hf-causal-lm", "mlp", "oddeven", "resnet18", "resnet50"]
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,7 @@ def test_module_factory_form_builds_user_model():
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("vgg", "unknown model 'vgg'; valid names: cnn, gpt, mlp, oddeven, resnet18, resnet50, or 'package.module:fac"),
+        ("vgg", "unknown model 'vgg'; valid names: cnn, gpt, hf-causal-lm, mlp, oddeven, resnet18, resnet50, or 'package.module:fac"),
         ("no_such_module_xyz:make", "cannot import module 'no_such_module_xyz'"),
         (f"{__name__}:missing", f"module '{__name__}' has no callable 'missing'"),
     ],

@@ -15,6 +15,7 @@ from harness.collectives.sync import BucketedGradientAveraging
 from harness.training.metrics import read_metrics
 from harness.training.schedule import learning_rate
 from harness.training.build import model_loss
+from harness.training.losses import default_loss
 from harness.training.step import TrainStep, clip_grad_norm
 from tests.helpers.collectives import Recording, small_model
 from tests.helpers.runs import interrupt
@@ -30,9 +31,9 @@ def one_update(ctx, accum: int) -> tuple:
     model = small_model()
     flat, comm = FlatParameters(model), Recording(ctx.communicator())
     sync = BucketedGradientAveraging(comm, flat, bucket_mb=1e-6)
-    step = TrainStep(model, model_loss(model, torch.nn.functional.cross_entropy),
+    step = TrainStep(model, model_loss(model, default_loss),
                      torch.optim.SGD(model.parameters(), lr=0.5), flat, sync, contextlib.nullcontext, accum=accum)
-    loss = step(x, y)
+    loss = step((x, y))
     return loss.item(), flat.params[0].clone(), [c[:2] for c in comm.calls], \
         [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets]
 

@@ -32,10 +32,10 @@ import torch
 from harness.checkout.datasets import Split
 from harness.checkout.datasets.sharding import epoch_seed, shard_indices
 from harness.data.bad_samples import Collate, fetch, handed_out
+from harness.data.batch import Batch, is_pair, tensors, tree_map
 
 PR_SET_PDEATHSIG = 1        # linux/prctl.h: a signal this process gets when its parent dies
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 GOLDEN = 0x9E3779B97F4A7C15          # spreads consecutive indices over the seed space
 MAX_DEFAULT_WORKERS = 16
 
@@ -189,23 +189,26 @@ def to_device(batches: Iterable[Any], device: torch.device, dataset: Any) -> Ite
     """Batches on ``device``, as floats where they came as uint8 images. On a GPU the copy (and the
     conversion) of the next batch is issued on a side stream before the current one is handed out,
     so it overlaps the step; the step's stream waits only for its own batch's event. A dataset whose
-    batches are not tensors (still-encoded JPEGs) turns them into tensors with ``decode_batch``."""
+    batches are not tensors (still-encoded JPEGs) turns them into tensors with ``decode_batch``. An
+    (x, y) pair's x is decoded and scaled; any other batch (a dict, a tuple: harness/data/batch.py)
+    has each of its tensors moved as it is."""
     scale = _normalizer(dataset.info, device)
     decode = getattr(dataset, "decode_batch", None)
 
-    def move(x: Any) -> torch.Tensor:
-        return decode(x, device=device) if decode else x.to(device, non_blocking=True)
+    def move(batch: Any) -> Any:
+        if not is_pair(batch):
+            return tree_map(lambda t: t.to(device, non_blocking=True), batch)
+        x = decode(batch[0], device=device) if decode else batch[0].to(device, non_blocking=True)
+        return scale(x), batch[1].to(device, non_blocking=True)
 
     if device.type != "cuda":
-        for x, y in batches:
-            yield scale(move(x)), y
+        yield from map(move, batches)
         return
     stream = torch.cuda.Stream(device)
 
-    def issue(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+    def issue(batch: Any) -> tuple[Any, torch.cuda.Event]:
         with torch.cuda.stream(stream):
-            x, y = move(batch[0]), batch[1].to(device, non_blocking=True)
-            return scale(x), y, stream.record_event()
+            return move(batch), stream.record_event()
 
     ahead = None
     for batch in batches:
@@ -216,12 +219,12 @@ def to_device(batches: Iterable[Any], device: torch.device, dataset: Any) -> Ite
         yield _handed_over(*ahead)
 
 
-def _handed_over(x: torch.Tensor, y: torch.Tensor, event: torch.cuda.Event) -> Batch:
+def _handed_over(batch: Any, event: torch.cuda.Event) -> Batch:
     current = torch.cuda.current_stream()
     current.wait_event(event)
-    x.record_stream(current)            # the side stream allocated them; the step's stream uses them
-    y.record_stream(current)
-    return x, y
+    for t in tensors(batch):
+        t.record_stream(current)        # the side stream allocated them; the step's stream uses them
+    return batch
 
 
 def _normalizer(info: Any, device: torch.device):

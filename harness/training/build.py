@@ -6,14 +6,16 @@ check the options (harness/training/checks.py), and Test.py builds it to evaluat
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from harness.collectives.flat import FlatParameters
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
+from harness.data.batch import Batch, call_model
 from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
 from harness.training.config import TrainConfig
+from harness.training.losses import Loss
 from harness.training.optim import build_optimizer, rate_on_device
 from harness.training.step import make_capturable
 
@@ -78,10 +80,10 @@ def make_batches(split: Any, config: TrainConfig, rank: int, world: int, device:
     return ResidentBatches(split, rank, world, batch, config.seed, device)
 
 
-def model_loss(model: torch.nn.Module, loss_fn: Any) -> Any:
-    """``(x, y) -> loss_fn(model(x), y)``: what the training step calls, and what --compile compiles,
-    loss included, so that the compiler fuses the loss into the model's last layer (a language
-    model's cross-entropy then never holds its logits in float32)."""
-    def compute(x: Any, y: Any) -> torch.Tensor:
-        return loss_fn(model(x), y)
+def model_loss(model: torch.nn.Module, loss: Loss) -> Callable[[Batch], torch.Tensor]:
+    """``batch -> loss(model on batch, batch)``: what the training step calls, and what --compile
+    compiles, loss included, so that the compiler fuses the loss into the model's last layer (a
+    language model's cross-entropy then never holds its logits in float32)."""
+    def compute(batch: Batch) -> torch.Tensor:
+        return loss(call_model(model, batch), batch)
     return compute

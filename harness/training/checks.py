@@ -174,6 +174,12 @@ def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
     if config.model not in MODELS and ":" not in config.model:
         raise ConfigError(f"unknown model '{config.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
+    if config.loss is not None:
+        from harness.training.losses import make_loss
+        try:
+            make_loss(config.loss)
+        except ValueError as e:
+            raise ConfigError(f"--loss: {e}") from None
     check_numbers(config)
     check_across(config, gpus)
     momentum = config.momentum if config.momentum is not None else (0.9 if config.optimizer == "sgd" else 0.0)

@@ -32,6 +32,7 @@ class TrainConfig:
     # -- model and data
     model: str = "mlp"                  # registry name (models/__init__.py) or package.module:factory
     model_options: dict = field(default_factory=dict)       # keyword arguments of the model factory
+    loss: str | None = None             # package.module:fn, fn(output, batch) (None: the model's own, else cross-entropy)
     dataset: str = "digits"             # registry name (datasets/__init__.py) or package.module:factory
     dataset_options: dict = field(default_factory=dict)     # keyword arguments of the dataset
     data_dir: str | None = None         # the dataset's folder (None: the dataset's own default)

@@ -1,5 +1,7 @@
 """Evaluating a model: validation during training (``evaluate``) and Test.py's test of a checkpoint
-(``test_checkpoint``: a confusion matrix over the test split, on workers in parallel or in-process).
+(``evaluate_checkpoint``: the loss and, where predictions can be counted, a confusion matrix over the
+test split, on workers in parallel or in-process). Any batch kind (harness/data/batch.py); the loss is
+the training loss (harness/training/losses.py).
 """
 from __future__ import annotations
 
@@ -9,28 +11,45 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from harness.data.batch import Batch, call_model, is_pair, samples
 from harness.training.config import TrainConfig
+from harness.training.losses import Loss, logits_of, make_loss
 
 MAX_CONFUSION_CLASSES = 1000      # beyond this (a language model's vocabulary) count hits only
 EXAMPLES = 8                      # test samples shown with the model's prediction
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-             autocast: Callable[[], contextlib.AbstractContextManager]) -> tuple[float, float, int]:
-    """(summed loss, correct predictions, predictions counted) over the batches."""
-    from harness.checkout.models import loss_fn
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], autocast: Callable[[], contextlib.AbstractContextManager],
+             loss: Loss) -> tuple[float, float, float, float]:
+    """(summed loss, correct predictions, predictions counted, samples) over the batches. Predictions are
+    counted only where they mean something: an (x, y) pair whose model returns logits shaped like ``y``."""
     was_training = model.training
     model.eval()
-    loss = correct = count = 0.0
-    for xb, yb in batches:
+    loss_sum = correct = count = seen = 0.0
+    for batch in batches:
         with autocast():
-            out = model(xb)
-        loss += loss_fn(out.float(), yb).item() * len(xb)
-        correct += (out.argmax(-1) == yb).sum().item()
-        count += yb.numel()
+            out = call_model(model, batch)
+            loss_sum += loss(out, batch).item() * samples(batch)
+        seen += samples(batch)
+        hits = _hits(out, batch)
+        if hits is not None:
+            correct, count = correct + hits[0], count + hits[1]
     model.train(was_training)
-    return loss, correct, count
+    return loss_sum, correct, count, seen
+
+
+def _predicted(out: Any, batch: Batch) -> torch.Tensor | None:
+    """The predicted classes, where the batch has targets they can be compared with."""
+    logits = logits_of(out)
+    if is_pair(batch) and logits is not None and logits.shape[:-1] == batch[1].shape:
+        return logits.argmax(-1)
+    return None
+
+
+def _hits(out: Any, batch: Batch) -> tuple[int, int] | None:
+    predicted = _predicted(out, batch)
+    return None if predicted is None else ((predicted == batch[1]).sum().item(), batch[1].numel())
 
 
 def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any, torch.nn.Module]:
@@ -46,28 +65,36 @@ def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any,
     return config, data.test, model.eval()
 
 
-def confusion_on_shard(ctx: Any, state: dict, batch_size: int) -> torch.Tensor:
-    """Runs in each worker (or in-process with ctx=None): the confusion matrix of its share of the
-    test split, or for very many classes the pair (correct, counted) as a 1 x 2 tensor."""
+def score_shard(ctx: Any, state: dict, batch_size: int) -> dict:
+    """Runs in each worker (or in-process with ctx=None) on its share of the test split: the summed loss,
+    the samples, and the confusion matrix of the predictions where they can be counted (for very many
+    classes the pair (correct, counted) as a 1 x 2 tensor; all zeros where nothing is counted)."""
     from harness.data.pipeline import default_data_workers, evaluation_batches
     from harness.training.build import autocast
     device = ctx.device if ctx is not None else torch.device("cpu")
     config, test, model = _trained_model(state, device)
+    loss = make_loss(config.loss)
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     classes = test.info.num_classes
-    full = classes <= MAX_CONFUSION_CLASSES
-    confusion = torch.zeros((classes, classes) if full else (1, 2), dtype=torch.int64)
+    full = 0 < classes <= MAX_CONFUSION_CLASSES
+    score = {"confusion": torch.zeros((classes, classes) if full else (1, 2), dtype=torch.int64), "loss_sum": 0.0,
+             "samples": 0}
     with torch.no_grad():
-        for x, y in evaluation_batches(test, rank, world, batch_size, device, default_data_workers(world)):
+        for batch in evaluation_batches(test, rank, world, batch_size, device, default_data_workers(world)):
             with autocast(config, device):
-                predicted = model(x).argmax(-1).cpu()
-            y = y.cpu()
-            if full:
-                confusion += torch.bincount((y * classes + predicted).flatten(),
-                                            minlength=classes * classes).view(classes, classes)
-            else:
-                confusion += torch.tensor([[(predicted == y).sum().item(), y.numel()]])
-    return confusion
+                out = call_model(model, batch)
+                score["loss_sum"] += loss(out, batch).item() * samples(batch)
+            score["samples"] += samples(batch)
+            predicted = _predicted(out, batch)
+            if predicted is not None:
+                score["confusion"] += _confusion(predicted.cpu(), batch[1].cpu(), classes, full)
+    return score
+
+
+def _confusion(predicted: torch.Tensor, y: torch.Tensor, classes: int, full: bool) -> torch.Tensor:
+    if full:
+        return torch.bincount((y * classes + predicted).flatten(), minlength=classes * classes).view(classes, classes)
+    return torch.tensor([[(predicted == y).sum().item(), y.numel()]])
 
 
 def examples(state: dict) -> list[dict]:
@@ -75,9 +102,14 @@ def examples(state: dict) -> list[dict]:
     from harness.checkout.datasets import decode_oddeven
     from harness.data.pipeline import evaluation_batches
     config, test, model = _trained_model(state, torch.device("cpu"))
-    x, y = next(evaluation_batches(test, 0, max(1, len(test) // EXAMPLES), EXAMPLES, torch.device("cpu")))
+    batch = next(evaluation_batches(test, 0, max(1, len(test) // EXAMPLES), EXAMPLES, torch.device("cpu")))
     with torch.no_grad():
-        probabilities = model(x).float().softmax(-1)
+        out = call_model(model, batch)
+    logits = logits_of(out)
+    if not is_pair(batch) or logits is None:
+        return []
+    x, y = batch
+    probabilities = logits.float().softmax(-1)
     if config.dataset == "oddeven":
         numbers = decode_oddeven(x)
         return [{"input": int(n), "p_odd": float(p[1])} for n, p in zip(numbers, probabilities)]
@@ -86,19 +118,21 @@ def examples(state: dict) -> list[dict]:
             for label, p in zip(y, probabilities) if label.dim() == 0]
 
 
-def summarize(state: dict, confusion: torch.Tensor, shown: list[dict]) -> dict:
-    """Test.py's result: accuracy, samples, per-class accuracy, the confusion matrix, examples."""
-    if confusion.shape == (1, 2):               # hits only (see MAX_CONFUSION_CLASSES)
-        total, hits = int(confusion[0, 1]), int(confusion[0, 0])
+def summarize(state: dict, score: dict, shown: list[dict]) -> dict:
+    """Test.py's result: the loss, and where predictions can be counted the accuracy, per-class accuracy
+    and confusion matrix (None and [] where they cannot), the samples, examples."""
+    confusion = score["confusion"]
+    if confusion.shape == (1, 2):               # hits only (see MAX_CONFUSION_CLASSES), or nothing counted
+        counted, hits = int(confusion[0, 1]), int(confusion[0, 0])
         per_class, matrix = [], None
     else:
-        total, hits = int(confusion.sum()), int(confusion.diag().sum())
+        counted, hits = int(confusion.sum()), int(confusion.diag().sum())
         per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist()
         matrix = confusion.tolist()
-    return {"accuracy": hits / total, "samples": total, "per_class_accuracy": per_class,
-            "confusion_matrix": matrix, "examples": shown, "model": state["config"]["model"],
-            "dataset": state["config"]["dataset"], "epoch": state["epoch"], "step": state["step"],
-            "evaluates": evaluated(state["config"])}
+    return {"accuracy": hits / counted if counted else None, "loss": score["loss_sum"] / max(score["samples"], 1),
+            "samples": counted or score["samples"], "per_class_accuracy": per_class, "confusion_matrix": matrix,
+            "examples": shown, "model": state["config"]["model"], "dataset": state["config"]["dataset"],
+            "epoch": state["epoch"], "step": state["step"], "evaluates": evaluated(state["config"])}
 
 
 def evaluated(config: dict) -> str:
@@ -113,7 +147,9 @@ def report(result: dict, as_json: bool) -> None:
         return
     print(f"{result['model']} on {result['dataset']}, {result['evaluates']} ({result['samples']} samples), "
           f"trained {result['epoch']} epochs / {result['step']} updates")
-    print(f"accuracy: {result['accuracy']:.4f}")
+    print(f"loss: {result['loss']:.4f}")
+    if result["accuracy"] is not None:
+        print(f"accuracy: {result['accuracy']:.4f}")
     if result["per_class_accuracy"]:
         print("per-class accuracy: " + ", ".join(f"{c}: {a:.3f}" for c, a in enumerate(result["per_class_accuracy"])))
     matrix = result["confusion_matrix"]
@@ -135,8 +171,9 @@ def evaluate_checkpoint(state: dict, workers: int, gpus: list[int], batch_size: 
     if workers:
         with Parent() as parent:
             kids = parent.fork(workers, gpus=gpus or None)
-            kids.exec(confusion_on_shard, state, batch_size)
-            confusion = sum(kids.wait())
+            kids.exec(score_shard, state, batch_size)
+            scores = kids.wait()
     else:
-        confusion = confusion_on_shard(None, state, batch_size)
-    return summarize(state, confusion, examples(state))
+        scores = [score_shard(None, state, batch_size)]
+    total = {key: sum(score[key] for score in scores) for key in scores[0]}
+    return summarize(state, total, examples(state))

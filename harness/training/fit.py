@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from harness.data.batch import Batch, call_model, is_pair, tree_map
 from harness.training.config import ConfigError, TrainConfig
+from harness.training.losses import make_loss
 
 REAL_LIMIT = 200_000_000        # parameters: above this the batch runs on the meta device
 SAMPLES = 2
@@ -20,12 +22,11 @@ SAMPLES = 2
 def check_fit(config: TrainConfig) -> None:
     """Raises ConfigError when the model does not take the dataset's batches or the loss its output."""
     from harness.checkout.datasets import open_data
-    from harness.checkout.models import loss_fn
     from harness.data.pipeline import evaluation_batches
     from harness.training.build import make_model
     options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
     data = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options)
-    x, y = next(evaluation_batches(data.train, 0, 1, SAMPLES, torch.device("cpu")))
+    batch = next(evaluation_batches(data.train, 0, 1, SAMPLES, torch.device("cpu")))
     with torch.device("meta"):
         model = make_model(config, data.info, torch.device("meta"))
     device = torch.device("cpu") if sum(p.numel() for p in model.parameters()) <= REAL_LIMIT else torch.device("meta")
@@ -33,18 +34,24 @@ def check_fit(config: TrainConfig) -> None:
         model = make_model(config, data.info, device)
     try:
         with torch.no_grad():
-            output = model(x.to(device))
-            if not isinstance(output, torch.Tensor):
-                raise TypeError(f"it returns a {type(output).__name__}, not a tensor of logits")
-            loss_fn(output.float(), y.to(device))
+            loss = make_loss(config.loss)(*_output_and(model, tree_map(lambda t: t.to(device), batch)))
+        if not torch.is_tensor(loss) or loss.dim() != 0:
+            raise TypeError(f"the loss is a {type(loss).__name__} of shape {getattr(loss, 'shape', '?')}, not a scalar")
     except NotImplementedError:         # an operation without a meta kernel: nothing can be said here
         return
-    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+    except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as e:
         raise ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: "
-                          f"{str(e).strip().splitlines()[0]} (a batch of x {_describe(x)}, y {_describe(y)}); "
+                          f"{str(e).strip().splitlines()[0]} (a batch of {_describe(batch)}); "
                           f"pick a model made for {data.info.kind} data, or fix --model-options/--dataset-options "
                           "to match") from None
 
 
-def _describe(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+def _output_and(model: torch.nn.Module, batch: Batch) -> tuple:
+    return call_model(model, batch), batch
+
+
+def _describe(batch: Batch) -> str:
+    named = batch.items() if isinstance(batch, dict) else zip(("x", "y") if is_pair(batch) else
+                                                              (f"[{i}]" for i in range(len(batch))), batch)
+    return ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')} {list(t.shape)}" for name, t in named
+                     if torch.is_tensor(t))

@@ -20,8 +20,12 @@ DEFAULTS = TrainConfig()
 
 
 def _model_and_data(a: Callable[..., Any]) -> None:
-    a("--model", help="registry name (cnn, gpt, mlp, oddeven, resnet18, resnet50) or package.module:factory")
+    a("--model", help="registry name (cnn, gpt, hf-causal-lm, mlp, oddeven, resnet18, resnet50) or "
+                      "package.module:factory")
     a("--model-options", help='JSON options for the model factory, e.g. \'{"hidden": [256]}\'')
+    a("--loss", metavar="PACKAGE.MODULE:FN",
+      help="the training loss fn(output, batch) -> scalar (default: the loss the model returns, a 0-d tensor, "
+           "(logits, loss) or .loss, else cross-entropy of its logits against the batch's targets)")
     a("--dataset", help="in memory: cifar10, digits, mnist, oddeven, synthetic; streamed from --data-dir: imagefolder "
                         "(DIR/train/<class>/*.jpg, and DIR/val/ or else --val-fraction of train/), tokens "
                         "(DIR/train.bin and val.bin); or "
@@ -40,7 +44,6 @@ def _model_and_data(a: Callable[..., Any]) -> None:
     a("--max-bad-samples", type=int, metavar="N",
       help="samples that fail to load or decode (a corrupt JPEG) are skipped, replaced by the next that loads "
            "and named in the log; past N of them (default 10) the run saves and stops with the list")
-
 
 
 def _workers(a: Callable[..., Any]) -> None:

@@ -37,6 +37,7 @@ from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
 from harness.training.build import autocast, build, load_data, make_batches, make_synchroniser, model_loss
 from harness.training.config import TrainConfig
+from harness.training.losses import make_loss
 from harness.training.evaluation import evaluate
 from harness.training.metrics import worker_memory_mb
 from harness.training.optim import load_optimizer_state, set_lr
@@ -104,8 +105,8 @@ class Worker:
         self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
         # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
         # the gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
-        from harness.checkout.models import loss_fn
-        compute = model_loss(self.model, loss_fn)
+        self.loss = make_loss(config.loss)
+        compute = model_loss(self.model, self.loss)
         self.compute = torch.compile(compute) if config.compile else compute
         timeline.mark(self.marks, "model")
         self.comm = ctx.communicator()
@@ -160,6 +161,11 @@ class Worker:
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
             self.scaler.bind(self.optimizer)
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
+        if graph is not False and self.device.type == "cuda" and not getattr(self.data.train, "static_shapes", True):
+            graph = False
+            if self.lead:
+                self.ctx.print("CUDA graph: the dataset's collate_fn may make batches of other shapes, which a "
+                               "graph cannot replay; running eagerly")
         self.vote = StopVote(self.ctx, self.comm, self.device)
         self.train_step = make_step(
             self.model, self.compute, self.optimizer, self.flat, self.sync, lambda: autocast(config, self.device), graph,
@@ -197,14 +203,14 @@ class Worker:
             self.reseed(s.epoch)
         stream, self.stream = self.stream or self.batches.epoch(s.epoch, s.position), None
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        started, val_error, done = time.monotonic(), None, 0
-        for x, y in stream:
-            loss = self.update(x, y)
+        started, measured, done = time.monotonic(), None, 0
+        for batch in stream:
+            loss = self.update(batch)
             done += 1
             loss_sum += loss.double()
             self.report(loss, done, started)
             if config.validate_every and s.step % config.validate_every == 0:
-                val_error = self.validate()
+                measured = self.validate()
             if self.save_due() and s.position < self.batches.steps_per_epoch:     # an epoch's end saves below
                 self.save()
             if s.stop is not None or s.step >= self.total:
@@ -215,21 +221,21 @@ class Worker:
         totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=self.device)])
         self.comm.all_reduce(totals)
         if not config.validate_every and s.stop is None and (ended or s.step >= self.total):
-            val_error = self.validate()
+            measured = self.validate()
         if self.lead and ended:
             self.ctx.send({"event": "epoch", "epoch": s.epoch, "step": s.step,
-                           "train_loss": (totals[0] / totals[1]).item(), "val_error": val_error,
+                           "train_loss": (totals[0] / totals[1]).item(), "val_error": None, **(measured or {}),
                            "seconds": time.monotonic() - started, "lr": self.lr_at(s.step - 1)})
         if s.stop is not None or s.step >= self.total or self.save_due() \
                 or (ended and config.save_every and s.epoch % config.save_every == 0):
             self.save()
 
-    def update(self, x: Any, y: Any) -> torch.Tensor:
+    def update(self, batch: Any) -> torch.Tensor:
         """One update (its micro-batches, the synchronisation, the optimizer), then the stop vote."""
         s = self.state
         if self.scheduled:
             set_lr(self.optimizer, self.lr_at(s.step))
-        loss = self.train_step(x, y)
+        loss = self.train_step(batch)
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
         signum, diverged = self.vote.poll(s.step, loss)
@@ -274,8 +280,9 @@ class Worker:
         """This rank's generators, from (seed, rank, *where): each rank's own, the same after a resume."""
         torch.manual_seed(hash((self.config.seed, self.rank, *where)) & (2**63 - 1))
 
-    def validate(self) -> float | None:
-        """The validation error over every rank's share, and the early-stopping decision it makes."""
+    def validate(self) -> dict | None:
+        """The validation loss and error (None where the model has no predictions to count) over every
+        rank's share, and the early-stopping decision the error, else the loss, makes."""
         s, config = self.state, self.config
         if self.data.val is None:
             return None
@@ -284,22 +291,24 @@ class Worker:
         failures: list[dict] = []
         batches = evaluation_batches(self.data.val, self.rank, self.world, config.batch_size, self.device,
                                      config.data_workers, failures)
-        _, correct, count = evaluate(self.model, batches, lambda: autocast(config, self.device))
-        totals = torch.tensor([correct, count], dtype=torch.float64, device=self.device)
+        totals = torch.tensor(evaluate(self.model, batches, lambda: autocast(config, self.device), self.loss),
+                              dtype=torch.float64, device=self.device)
         self.bad.add("val", s.step, failures)
         self.comm.all_reduce(totals)
-        error = 1.0 - (totals[0] / totals[1]).item()
+        loss_sum, correct, count, seen = totals.tolist()
+        measured = {"val_error": 1.0 - correct / count if count else None, "val_loss": loss_sum / max(seen, 1)}
+        error = measured["val_error"] if count else measured["val_loss"]
         if error < s.best_error - 1e-12:
             s.best_error, s.stale = error, 0
         else:
             s.stale += 1
-        if config.target_error is not None and error <= config.target_error:
+        if config.target_error is not None and count and error <= config.target_error:
             s.stop = f"validation error {error:.2%} reached the target {config.target_error:.2%}"
         elif config.patience and s.stale >= config.patience:
             s.stop = f"no improvement in {s.stale} validations (patience {config.patience})"
         if self.lead:
-            self.ctx.send({"event": "validation", "epoch": s.epoch, "step": s.step, "val_error": error})
-        return error
+            self.ctx.send({"event": "validation", "epoch": s.epoch, "step": s.step, **measured})
+        return measured
 
     def save_due(self) -> bool:
         every = self.config.save_every_steps

@@ -53,10 +53,11 @@ class Progress:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
         elif event == "epoch":
             self.bar.set_description(f"epoch {record['epoch']}/{self.epochs}")
-            val = record["val_error"]
+            val, val_loss = record["val_error"], record.get("val_loss")
             tqdm.write(f"Epoch {record['epoch']}/{self.epochs}: average loss per sample "
                        f"{record['train_loss']:.4f}"
-                       + (f", validation error {val:.2%}" if val is not None else "")
+                       + (f", validation error {val:.2%}" if val is not None else
+                          f", validation loss {val_loss:.4f}" if val_loss is not None else "")
                        + f" ({record['seconds']:.1f} s)")
         elif event == "saved":
             self.saved = record["path"]

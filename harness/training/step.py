@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from harness.collectives.flat import FlatParameters
+from harness.data.batch import Batch, chunk, copy_into, tensors, tree_map
 from harness.collectives.sync import Synchroniser
 
 WARMUP_STEPS = 3
@@ -59,10 +60,11 @@ class InFlight:
 
 
 class TrainStep:
-    """``model``: the module whose state a graph's warm-up puts back; ``compute(x, y)``: the loss of a
-    (micro-)batch, the model's forward and the loss in one call (compiled together under --compile)."""
+    """``model``: the module whose state a graph's warm-up puts back; ``compute(batch)``: the loss of a
+    (micro-)batch, the model's forward and the loss in one call (compiled together under --compile).
+    A batch is an (x, y) pair, a dict or a tuple of tensors (harness/data/batch.py)."""
 
-    def __init__(self, model: torch.nn.Module, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    def __init__(self, model: torch.nn.Module, compute: Callable[[Batch], torch.Tensor],
                  optimizer: torch.optim.Optimizer, flat: FlatParameters, sync: Synchroniser,
                  autocast: Callable[[], Any], clip: float | None = None, accum: int = 1, ticket: Any = None,
                  scaler: Any = None):
@@ -73,24 +75,24 @@ class TrainStep:
         self.in_flight = InFlight(HEAL_DEPTH) if ticket is not None else None
         self.grad_norm: torch.Tensor | None = None     # before clipping, of the last update (with ``clip``)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         """One update; returns the (detached) mean loss without synchronising the device (a worker that
         heals waits for the update ``HEAL_DEPTH`` back)."""
-        loss = self.run(x, y)
+        loss = self.run(batch)
         if self.in_flight is not None:
             self.in_flight()
         return loss
 
-    def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def run(self, batch: Batch) -> torch.Tensor:
         """Issue one update: forward, backward, synchronisation, the optimizer's step."""
         self.flat.zero_grad()
         if self.accum == 1:
-            loss = self.backward(x, y)
+            loss = self.backward(batch)
         else:
-            parts = list(zip(x.chunk(self.accum), y.chunk(self.accum)))
+            parts = chunk(batch, self.accum)
             with self.sync.no_sync():
-                loss = sum(self.backward(xm, ym) for xm, ym in parts[:-1])
-            loss = loss + self.backward(*parts[-1])
+                loss = sum(self.backward(part) for part in parts[:-1])
+            loss = loss + self.backward(parts[-1])
         self.sync.after_backward()
         if self.ticket is not None:
             self.ticket.punch()
@@ -104,10 +106,10 @@ class TrainStep:
     def release(self) -> None:
         """Let go of what holds the communicator's collectives (a graph does; an eager step, nothing)."""
 
-    def backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def backward(self, batch: Batch) -> torch.Tensor:
         """Forward and backward on one (micro-)batch, accumulating into the flat gradients."""
         with self.autocast():
-            loss = self.compute(x, y)
+            loss = self.compute(batch)
         if self.accum > 1:
             loss = loss / self.accum
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
@@ -157,10 +159,10 @@ class Rewind:
 
 
 class GraphedTrainStep(TrainStep):
-    def __init__(self, *args: Any, example: tuple[torch.Tensor, torch.Tensor], **options: Any):
+    def __init__(self, *args: Any, example: Batch, **options: Any):
         """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
         super().__init__(*args, **options)
-        self.x, self.y = (t.clone() for t in example)
+        self.batch = tree_map(torch.Tensor.clone, example)       # the graph's inputs, at fixed addresses
         rewind = Rewind(self.model, self.optimizer)
         applied = self.ticket.count.clone() if self.ticket is not None else None
         scaled = self.scaler.state_dict() if self.scaler is not None else None
@@ -168,7 +170,7 @@ class GraphedTrainStep(TrainStep):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                super().run(self.x, self.y)
+                super().run(self.batch)
         torch.cuda.current_stream().wait_stream(side)
         rewind.restore()
         if applied is not None:         # warm-up's updates were undone: not applied after all
@@ -184,11 +186,15 @@ class GraphedTrainStep(TrainStep):
         thread's CUDA calls must be capturable, not those that other threads of the process (nvJPEG's
         decoder for the next batch) make meanwhile."""
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.loss = super().run(self.x, self.y)
+            self.loss = super().run(self.batch)
 
-    def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.x.copy_(x, non_blocking=True)
-        self.y.copy_(y, non_blocking=True)
+    def run(self, batch: Batch) -> torch.Tensor:
+        shapes = [t.shape for t in tensors(batch)]
+        if shapes != [t.shape for t in tensors(self.batch)]:
+            raise ValueError(f"a batch of shapes {shapes} under a CUDA graph captured for "
+                             f"{[t.shape for t in tensors(self.batch)]}: its inputs must keep their shapes; "
+                             "pass --no-cuda-graph")
+        copy_into(self.batch, batch)
         self.sync.comm.check_alive()        # the graph holds the communicator's collectives
         self.graph.replay()
         return self.loss
@@ -202,7 +208,7 @@ class GraphedTrainStep(TrainStep):
 
 
 def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool | None = None,
-              example: tuple[torch.Tensor, torch.Tensor] | None = None, say: Callable[[str], None] = print,
+              example: Batch | None = None, say: Callable[[str], None] = print,
               clip: float | None = None, accum: int = 1, ticket: Any = None, scaler: Any = None) -> TrainStep:
     """A graphed step where possible (``cuda_graph`` None or True; see the module's docstring),
     otherwise an eager one, with a message saying why (asked for by name, even on the CPU).
@@ -214,7 +220,7 @@ def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool 
     eager = functools.partial(TrainStep, *args, clip=clip, accum=accum, ticket=ticket, scaler=scaler)
     if cuda_graph is False:
         return eager()
-    if example is None or example[0].device.type != "cuda":
+    if example is None or tensors(example)[0].device.type != "cuda":
         if cuda_graph:
             say("--cuda-graph needs GPU workers; running eagerly")
         return eager()
@@ -232,7 +238,7 @@ def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool 
         step.capture()
     except Exception as error:          # capture refuses some models (host syncs, dynamic shapes)
         problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    captured = torch.tensor([0 if problem else 1], device=example[0].device)
+    captured = torch.tensor([0 if problem else 1], device=tensors(example)[0].device)
     sync.comm.all_reduce(captured, op="min")       # every rank graphed, or none: steps must pair up
     if captured.item():
         return step

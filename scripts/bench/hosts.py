@@ -60,12 +60,13 @@ def first_step(comm: Any = None) -> None:
     import contextlib
     from harness.collectives.flat import FlatParameters
     from harness.training.build import model_loss
+    from harness.training.losses import default_loss
     from harness.training.step import TrainStep
     from harness.collectives.sync import BucketedGradientAveraging
     flat = FlatParameters(model)
     sync = BucketedGradientAveraging(comm, flat)
     sync.start()
-    TrainStep(model, model_loss(model, loss_fn), optimizer, flat, sync, contextlib.nullcontext)(x, y)
+    TrainStep(model, model_loss(model, default_loss), optimizer, flat, sync, contextlib.nullcontext)((x, y))
 
 
 def harness_first_step(ctx: Any) -> float:

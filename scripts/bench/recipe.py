@@ -58,6 +58,7 @@ def make_variant(variant: str, spec: dict, comm):
     from harness.collectives.flat import FlatParameters
     from harness.training.schedule import learning_rate
     from harness.training.build import model_loss
+    from harness.training.losses import default_loss
     from harness.training.step import make_step
     from harness.collectives.sync import BucketedGradientAveraging
     recipe = recipe_for(spec)
@@ -92,7 +93,7 @@ def make_variant(variant: str, spec: dict, comm):
         return step, (ddp, optimizer)
     flat = FlatParameters(model)
     optimizer = optimizer_for(recipe, model.parameters())
-    compute = torch.compile(model_loss(model, loss_fn)) if variant == "harness" else model_loss(model, loss_fn)
+    compute = torch.compile(model_loss(model, default_loss)) if variant == "harness" else model_loss(model, default_loss)
     sync = BucketedGradientAveraging(comm, flat)
     train_step = make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph=graph,
                            example=(x, y), clip=recipe["clip"], accum=accum)
@@ -100,7 +101,7 @@ def make_variant(variant: str, spec: dict, comm):
     def step() -> None:
         if not graph:           # a graph replays the rate it captured
             set_rate(optimizer)
-        train_step(x, y)
+        train_step((x, y))
     return step, (model, train_step)
 
 

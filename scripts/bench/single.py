@@ -16,6 +16,9 @@ start, ``vs_best_plain`` and ``device``):
 - ``gpt-builtin``: the same recipe with this harness's ``--model gpt`` 124m (no biases, as nanoGPT's
   recipe); ``vs_best_plain`` compares it with nanoGPT's train.py, ``vs_nanogpt_model`` with nanoGPT's
   model in the same harness variant.
+- ``gpt-hf``: Hugging Face's GPT2LMHeadModel(GPT2Config()) on the same recipe and token windows
+  (scripts/bench/hf_tokens.py): ``hf-trainer`` and ``hf-trainer-compile`` (torch_compile=True) are
+  transformers' own Trainer; ``harness`` and ``harness-compile`` are Train.py with ``--model hf-causal-lm``.
 
 Each row runs in a process of its own (its own peak memory); rows are appended to ``rows.jsonl`` as
 they finish, so a run cut short keeps what it measured.
@@ -38,8 +41,9 @@ from scripts.bench.common import append_jsonl, bench_record, device, module_comm
 
 ROWS = {"resnet50": ("plain-eager", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
         "gpt-nanogpt": ("nanogpt", "harness", "harness-compile"),
-        "gpt-builtin": ("harness", "harness-compile")}
-SAMPLES_PER_STEP = {"resnet50": 128, "gpt-nanogpt": 16 * 4, "gpt-builtin": 16 * 4}
+        "gpt-builtin": ("harness", "harness-compile"),
+        "gpt-hf": ("hf-trainer", "hf-trainer-compile", "harness", "harness-compile")}
+SAMPLES_PER_STEP = {"resnet50": 128, "gpt-nanogpt": 16 * 4, "gpt-builtin": 16 * 4, "gpt-hf": 16 * 4}
 GPT_RECIPE = ["--batch-size", "16", "--grad-accum", "4", "--optimizer", "adamw", "--lr", "6e-4", "--weight-decay",
               "0.1", "--clip-grad", "1.0", "--amp", "bf16", "--lr-schedule", "cosine", "--warmup-steps", "2000",
               "--min-lr", "6e-5"]
@@ -89,6 +93,9 @@ def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path) 
         flags += ["--model", "resnet50", "--dataset", "synthetic", "--dataset-options",
                   '{"shape": [3, 224, 224], "num_classes": 1000, "size": 2048}', "--val-fraction", "0",
                   "--batch-size", "128", "--amp", "bf16", "--lr", "0.1"]
+    elif model == "gpt-hf":
+        flags += ["--model", "hf-causal-lm", "--model-options", '{"model_type": "gpt2"}', "--dataset",
+                  "scripts.bench.hf_tokens:windows", "--data-dir", str(tokens), *GPT_RECIPE]
     else:
         name = ["--model", "scripts.bench.nanogpt_model:gpt2"] if model == "gpt-nanogpt" else \
             ["--model", "gpt", "--model-options", '{"size": "124m", "bias": false}']
@@ -133,6 +140,33 @@ def nanogpt_row(steps: int, nanogpt: Path, tokens: Path) -> dict:
             "peak_mb": float(re.search(r"^PEAK_MB ([\d.]+)", out, re.M)[1])}
 
 
+def hf_trainer(variant: str, steps: int, tokens: Path) -> dict:
+    """transformers' Trainer on GPT2LMHeadModel(GPT2Config()), the same windows and recipe, in this
+    process: the time from the end of update 10 to the last, synchronised at both ends."""
+    import torch
+    import transformers
+    from harness.control.timeline import process_started_at
+    from scripts.bench.hf_tokens import windows
+    marks: dict[int, float] = {}
+
+    class Clock(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in (1, 10, steps):
+                torch.cuda.synchronize()
+                marks[state.global_step] = time.time()
+
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tokens.parent / "hf-trainer"), per_device_train_batch_size=16, gradient_accumulation_steps=4,
+        learning_rate=6e-4, weight_decay=0.1, max_grad_norm=1.0, bf16=True, optim="adamw_torch_fused",
+        lr_scheduler_type="cosine", warmup_steps=2000, max_steps=steps, logging_steps=10_000, save_strategy="no",
+        report_to="none", torch_compile=variant == "hf-trainer-compile", dataloader_num_workers=4, disable_tqdm=True)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+    transformers.Trainer(model=model, args=arguments, train_dataset=windows("train", str(tokens)),
+                         callbacks=[Clock()]).train()
+    return {"step_ms": (marks[steps] - marks[10]) / (steps - 10) * 1000, "first_step_s": marks[1] - process_started_at(),
+            "peak_mb": torch.cuda.max_memory_reserved() / 2**20}
+
+
 def make_tokens(folder: Path) -> Path:
     """A token file as nanoGPT's prepare scripts write them (uint16), random, 8M tokens to train on."""
     import numpy as np
@@ -145,10 +179,10 @@ def make_tokens(folder: Path) -> Path:
 
 def run_row(model: str, variant: str, args: argparse.Namespace, tokens: Path) -> dict:
     steps = args.steps[model]
-    if variant.startswith("plain"):
+    if variant.startswith(("plain", "hf-trainer")):
         done = subprocess.run(module_command("scripts.bench.single", "--row", model, variant, "--steps",
-                                             json.dumps(args.steps)), capture_output=True, text=True, timeout=900,
-                              env=subprocess_env())
+                                             json.dumps(args.steps), "--out", str(args.out)),
+                              capture_output=True, text=True, timeout=900, env=subprocess_env())
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         measured = json.loads(done.stdout.strip().splitlines()[-1])
@@ -165,7 +199,7 @@ def compare(rows: list[dict]) -> None:
     models); vs_nanogpt_model: the built-in GPT over nanoGPT's model in the same harness variant."""
     plain = {m: max((r["samples_per_s"] for r in rows if r["model"] == m and not r["variant"].startswith("harness")),
                     default=None) for m in ROWS}
-    plain["gpt-builtin"] = plain["gpt-nanogpt"]
+    plain["gpt-builtin"] = plain["gpt-nanogpt"]         # gpt-hf's plain rows are transformers' Trainer
     for row in rows:
         best = plain[row["model"]]
         row["vs_best_plain"] = row["samples_per_s"] / best if best else None
@@ -180,12 +214,16 @@ def main() -> None:
     p.add_argument("--models", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     p.add_argument("--variants", default=None, help="only these variants (comma-separated)")
     p.add_argument("--nanogpt", default=".nanogpt", help="a checkout of karpathy/nanoGPT (for the nanogpt row)")
-    p.add_argument("--steps", type=json.loads, default={"resnet50": 300, "gpt-nanogpt": 40, "gpt-builtin": 40},
+    p.add_argument("--steps", type=json.loads,
+                   default={"resnet50": 300, "gpt-nanogpt": 40, "gpt-builtin": 40, "gpt-hf": 40},
                    help="timed updates per model, as JSON")
     p.add_argument("--row", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)   # one plain row, here
     args = p.parse_args()
     if args.row:
-        print(json.dumps(plain_resnet50(args.row[1], args.steps[args.row[0]])))
+        model, variant = args.row
+        row = hf_trainer(variant, args.steps[model], args.out.resolve() / "tokens") if model == "gpt-hf" else \
+            plain_resnet50(variant, args.steps[model])
+        print(json.dumps(row))
         return
     args.out = args.out.resolve()
     os.environ["NANOGPT_DIR"] = str(Path(args.nanogpt).resolve())

@@ -29,6 +29,7 @@ def make_variant(variant: str, spec: dict, comm):
     """A step function for one variant, plus its model (kept alive while timing)."""
     from harness.collectives.flat import FlatParameters
     from harness.training.build import model_loss
+    from harness.training.losses import default_loss
     from harness.training.step import TrainStep, make_step
     from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
     from harness.checkout.models import loss_fn
@@ -55,14 +56,14 @@ def make_variant(variant: str, spec: dict, comm):
     else:
         sync = BucketedGradientAveraging(comm, flat)
     if variant == "harness+graph":
-        train_step = make_step(model, model_loss(model, loss_fn), optimizer, flat, sync, autocast, cuda_graph=True,
+        train_step = make_step(model, model_loss(model, default_loss), optimizer, flat, sync, autocast, cuda_graph=True,
                                example=(x, y))
     else:
-        train_step = TrainStep(model, model_loss(model, loss_fn), optimizer, flat, sync, autocast)
+        train_step = TrainStep(model, model_loss(model, default_loss), optimizer, flat, sync, autocast)
     counter = [0]
 
     def step():
-        train_step(x, y)
+        train_step((x, y))
         counter[0] += 1
         sync.after_step(counter[0])
     return step, (model, train_step)
@@ -119,6 +120,7 @@ def first_step(spec: dict, comm=None) -> None:
     import torch
     from harness.collectives.flat import FlatParameters
     from harness.training.build import model_loss
+    from harness.training.losses import default_loss
     from harness.training.step import TrainStep
     from harness.collectives.sync import BucketedGradientAveraging
     from harness.checkout.models import loss_fn
@@ -140,8 +142,8 @@ def first_step(spec: dict, comm=None) -> None:
         dist.destroy_process_group()
         return
     flat = FlatParameters(model)
-    TrainStep(model, model_loss(model, loss_fn), optimizer, flat, BucketedGradientAveraging(comm, flat),
-              autocast)(x, y)
+    TrainStep(model, model_loss(model, default_loss), optimizer, flat, BucketedGradientAveraging(comm, flat),
+              autocast)((x, y))
     torch.cuda.synchronize()
 
 

@@ -23,9 +23,9 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
     import torch
     from harness.collectives.flat import FlatParameters
     from harness.training.build import model_loss
+    from harness.training.losses import default_loss
     from harness.training.step import TrainStep
     from harness.collectives.sync import BucketedGradientAveraging
-    from harness.checkout.models import loss_fn
     torch.cuda.set_device(0)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     comm = ctx.communicator()
@@ -33,8 +33,8 @@ def worker(ctx, spec: dict, warmup: int, windows: int, per_window: int) -> float
     flat = FlatParameters(model)
     sync = BucketedGradientAveraging(comm, flat)
     sync.start()
-    step = TrainStep(model, model_loss(model, loss_fn), optimizer, flat, sync, autocast_for(spec))
-    return median_step(lambda: step(x, y), warmup, windows, per_window)
+    step = TrainStep(model, model_loss(model, default_loss), optimizer, flat, sync, autocast_for(spec))
+    return median_step(lambda: step((x, y)), warmup, windows, per_window)
 
 
 def measure(spec: dict, gpus: int, k: int, mps: bool, args: argparse.Namespace) -> float:

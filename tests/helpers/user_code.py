@@ -1,0 +1,96 @@
+"""Code a user writes and names on Train.py's command line: dataset factories whose samples are dicts
+(a Hugging Face ``datasets.Dataset`` among them), a model that returns its own loss, a regression
+target and a loss of one's own. Train.py's workers import this module from the checkout."""
+from __future__ import annotations
+
+import torch
+
+VOCAB, LENGTH = 32, 16
+
+
+def _sequences(split: str, count: int) -> torch.Tensor:
+    """Token rows where each token is the previous one plus 3 (mod VOCAB): learnable in a few updates."""
+    start = torch.randint(VOCAB, (count, 1), generator=torch.Generator().manual_seed(0 if split == "train" else 1))
+    return (start + 3 * torch.arange(LENGTH)) % VOCAB
+
+
+def hf_tokens(split: str, data_dir: str | None, count: int = 256):
+    """A Hugging Face datasets.Dataset of input_ids, attention_mask and labels, as torch tensors."""
+    import datasets
+    ids = _sequences(split, count if split == "train" else 64)
+    table = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(),
+                                        "labels": ids.tolist()})
+    table.set_format("torch")
+    table.num_classes = VOCAB
+    return table
+
+
+class DictTokens(torch.utils.data.Dataset):
+    """{"tokens", "targets"} samples of variable length, padded by its collate_fn."""
+
+    num_classes = VOCAB
+
+    def __init__(self, split: str):
+        self.rows = _sequences(split, 128 if split == "train" else 32)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        cut = LENGTH - i % 4             # lengths 13..16
+        return {"tokens": self.rows[i, :cut - 1], "targets": self.rows[i, 1:cut]}
+
+    @staticmethod
+    def collate_fn(samples: list[dict]) -> dict:
+        pad = torch.nn.utils.rnn.pad_sequence
+        return {"tokens": pad([s["tokens"] for s in samples], batch_first=True),
+                "targets": pad([s["targets"] for s in samples], batch_first=True, padding_value=-100)}
+
+
+def dict_tokens(split: str, data_dir: str | None) -> DictTokens:
+    return DictTokens(split)
+
+
+class OwnLoss(torch.nn.Module):
+    """A tiny language model called as model(tokens=..., targets=...) that returns (logits, loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(VOCAB, 32), torch.nn.Linear(32, VOCAB)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(torch.tanh(self.embed(tokens)))
+        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+def own_loss_model(info) -> OwnLoss:
+    return OwnLoss()
+
+
+class Regression(torch.utils.data.Dataset):
+    """(x, y) with y = x . w + 1: a regression target, float."""
+
+    num_classes = 2
+
+    def __init__(self, split: str):
+        g = torch.Generator().manual_seed(0 if split == "train" else 1)
+        self.x = torch.randn(256 if split == "train" else 64, 8, generator=g)
+        self.y = self.x @ torch.linspace(-1, 1, 8) + 1
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def regression(split: str, data_dir: str | None) -> Regression:
+    return Regression(split)
+
+
+def linear(info) -> torch.nn.Module:
+    return torch.nn.Linear(8, 1)
+
+
+def mse(output: torch.Tensor, batch) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(output.squeeze(-1), batch[1])

@@ -1,0 +1,54 @@
+"""Your model, your loss, your batches: dict batches passed as keyword arguments with a collate_fn of
+one's own, models that return their own loss, --loss with a regression target, and a Hugging Face
+GPT2LMHeadModel (built from a config, nothing downloaded) on a datasets.Dataset, on 2 CPU workers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.training.metrics import read_metrics
+from tests.helpers.training import cli, run_train, stop_and_resume
+
+USER = "tests.helpers.user_code"
+
+
+def epochs_of(tmp_path, name: str) -> list[dict]:
+    return [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["event"] == "epoch"]
+
+
+def test_a_dict_batch_model_with_its_own_loss_trains_and_resumes_exactly(tmp_path):
+    flags = ["--model", f"{USER}:own_loss_model", "--dataset", f"{USER}:dict_tokens", "--batch-size", "8",
+             "--lr", "0.5", "--data-workers", "0"]
+    straight, resumed, results, _ = stop_and_resume(tmp_path, flags, 5, 12)
+    assert len({r["checksum"] for r in results}) == 1
+    assert (straight - resumed).norm() <= 1e-6 * straight.norm()
+    results, _ = run_train(tmp_path, *flags, "--epochs", "4", name="long")
+    losses = [r["train_loss"] for r in epochs_of(tmp_path, "long")]
+    assert losses[-1] < losses[0] and all(r["val_error"] is None and r["val_loss"] > 0 for r in epochs_of(tmp_path, "long"))
+
+
+def test_loss_names_a_regression_loss_of_ones_own(tmp_path):
+    run_train(tmp_path, "--model", f"{USER}:linear", "--dataset", f"{USER}:regression", "--loss", f"{USER}:mse",
+              "--epochs", "6", "--lr", "0.05", "--batch-size", "16", name="mse")
+    epochs = epochs_of(tmp_path, "mse")
+    assert epochs[-1]["train_loss"] < 0.1 * epochs[0]["train_loss"] and epochs[-1]["val_loss"] < 0.1
+
+
+def test_a_loss_that_cannot_be_imported_is_one_line(tmp_path):
+    result = cli("Train.py", "--loss", "nowhere.module:fn", "--log-dir", str(tmp_path))
+    assert result.returncode == 2 and "--loss: cannot import module 'nowhere.module'" in result.stderr
+
+
+def test_a_huggingface_gpt2_from_its_config_trains_on_a_datasets_dataset(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (pip install -e '.[hf]')")
+    options = '{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16}'
+    results, save = run_train(tmp_path, "--model", "hf-causal-lm", "--model-options", options, "--dataset",
+                              f"{USER}:hf_tokens", "--optimizer", "adamw", "--lr", "3e-3", "--batch-size", "16",
+                              "--epochs", "4", name="hf")
+    assert len({r["checksum"] for r in results}) == 1
+    epochs = epochs_of(tmp_path, "hf")
+    assert epochs[-1]["val_loss"] < 0.5 * epochs[0]["val_loss"], [e["val_loss"] for e in epochs]
+    tested = cli("Test.py", "--checkpoint", str(save), "--json")
+    assert tested.returncode == 0, tested.stderr
+    assert '"accuracy": null' in tested.stdout and '"loss": ' in tested.stdout
