@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench.common import append_jsonl, bench_record, device, module_command, run_train, subprocess_env, write_json
+from scripts.bench.common import ROOT, append_jsonl, bench_record, device, module_command, run_train, subprocess_env, write_json
 
 ROWS = {"resnet50": ("plain-eager", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
         "gpt-nanogpt": ("nanogpt", "harness", "harness-compile"),
@@ -143,7 +143,11 @@ def nanogpt_row(steps: int, nanogpt: Path, tokens: Path) -> dict:
 def hf_trainer(variant: str, steps: int, tokens: Path) -> dict:
     """transformers' Trainer on GPT2LMHeadModel(GPT2Config()), the same windows and recipe, in this
     process: the time from the end of update 10 to the last, synchronised at both ends."""
+    import importlib.util
     import torch
+    spec = importlib.util.find_spec("datasets")
+    if spec is not None and spec.origin and Path(spec.origin).resolve().parent.parent == ROOT:
+        sys.modules["datasets"] = None      # this checkout's registry, not Hugging Face's: the Trainer would take it for it
     import transformers
     from harness.control.timeline import process_started_at
     from scripts.bench.hf_tokens import windows
