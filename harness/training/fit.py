@@ -32,9 +32,10 @@ def check_fit(config: TrainConfig) -> None:
     device = torch.device("cpu") if sum(p.numel() for p in model.parameters()) <= REAL_LIMIT else torch.device("meta")
     if device.type == "cpu":
         model = make_model(config, data.info, device)
+    moved = tree_map(lambda t: t.to(device), batch)
     try:
         with torch.no_grad():
-            loss = make_loss(config.loss)(*_output_and(model, tree_map(lambda t: t.to(device), batch)))
+            loss = make_loss(config.loss)(call_model(model, moved), moved)
         if not torch.is_tensor(loss) or loss.dim() != 0:
             raise TypeError(f"the loss is a {type(loss).__name__} of shape {getattr(loss, 'shape', '?')}, not a scalar")
     except NotImplementedError:         # an operation without a meta kernel: nothing can be said here
@@ -44,10 +45,6 @@ def check_fit(config: TrainConfig) -> None:
                           f"{str(e).strip().splitlines()[0]} (a batch of {_describe(batch)}); "
                           f"pick a model made for {data.info.kind} data, or fix --model-options/--dataset-options "
                           "to match") from None
-
-
-def _output_and(model: torch.nn.Module, batch: Batch) -> tuple:
-    return call_model(model, batch), batch
 
 
 def _describe(batch: Batch) -> str:
