@@ -16,7 +16,7 @@ from harness.data.batch import Batch, call_model
 from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
 from harness.training.config import TrainConfig
 from harness.training.losses import Loss
-from harness.training.optim import build_optimizer, rate_on_device
+from harness.training.optim import build_optimizer, rate_on_device, zero_momentum
 from harness.training.step import make_capturable
 
 
@@ -44,6 +44,7 @@ def build(config: TrainConfig, info: Any, device: torch.device) -> tuple[torch.n
     if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
         make_capturable(optimizer)
     rate_on_device(optimizer)
+    zero_momentum(optimizer)
     return model, optimizer
 
 

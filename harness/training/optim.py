@@ -121,3 +121,19 @@ def set_lr(optimizer: torch.optim.Optimizer, value: float) -> None:
             group["lr"].fill_(value)
         else:
             group["lr"] = value
+
+
+def zero_momentum(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fused SGD with momentum zeroed momentum buffers where it has none yet. Its first step
+    makes them with ``torch.empty_like`` and writes them only if the step is not skipped, so a first
+    update skipped through ``found_inf`` (an fp16 overflow, common as the scale starts high, or an
+    attempt a heal Ticket voids) would leave uninitialised memory, NaN measured, for the next update
+    to read as momentum. Zeros are what a first step computes from:
+    without dampening (Train.py sets none) 0.9 * 0 + g is g, as torch's first step makes it."""
+    import torch
+    for group in optimizer.param_groups:
+        if isinstance(optimizer, torch.optim.SGD) and group.get("fused") and group["momentum"]:
+            for param in group["params"]:
+                state = optimizer.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)

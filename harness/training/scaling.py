@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from harness.training.optim import zero_momentum
+
 INITIAL_SCALE = 2.0 ** 16
 GROWTH_INTERVAL = 2000          # clean updates in a row before the scale doubles
 GROWTH, BACKOFF = 2.0, 0.5
@@ -58,7 +60,7 @@ class LossScaler:
         flag = getattr(optimizer, "found_inf", None)
         self._void = flag if flag is not None and flag is not self.found_inf else None
         optimizer.found_inf = self.found_inf if self._void is None else self._void
-        zero_momentum(optimizer)
+        zero_momentum(optimizer)        # a skipped first step must not leave its momentum uninitialised
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale
@@ -105,17 +107,3 @@ class LossScaler:
         comm.broadcast(carrier, root=root)
         for t, value in zip(self._state(), carrier):
             t.copy_(value)
-
-
-def zero_momentum(optimizer: torch.optim.Optimizer) -> None:
-    """Give a fused SGD with momentum zeroed momentum buffers where it has none yet. Its first step
-    makes them with ``torch.empty_like`` and writes them only if the step is not skipped, so a first
-    update that overflows (common: the scale starts high) would leave uninitialised memory, NaN
-    measured, for the next update to read as momentum. Zeros are what a first step computes from:
-    without dampening (Train.py sets none) 0.9 * 0 + g is g, as torch's first step makes it."""
-    for group in optimizer.param_groups:
-        if isinstance(optimizer, torch.optim.SGD) and group.get("fused") and group["momentum"]:
-            for param in group["params"]:
-                state = optimizer.state[param]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
