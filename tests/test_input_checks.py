@@ -3,8 +3,6 @@ the fix: a model and a dataset that do not fit each other (one real batch goes t
 the loss in the parent), numbers that make no sense, and the papercuts a newcomer meets first."""
 from __future__ import annotations
 
-import itertools
-import json
 
 import pytest
 

@@ -4,7 +4,6 @@ GPT2LMHeadModel (built from a config, nothing downloaded) on a datasets.Dataset,
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.training.metrics import read_metrics
 from tests.helpers.training import cli, run_train, stop_and_resume
