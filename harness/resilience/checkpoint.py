@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from harness.resilience.lock import alive
+
 
 class CheckpointError(ValueError):
     """A checkpoint path that cannot be read or written; the message names the path and the problem."""
@@ -54,15 +56,7 @@ def _writer_alive(rest: str) -> bool:
     """Whether the process that named a temp file ``<pid>.<random>.tmp`` still runs (this one's own
     finished write is gone already); names without a pid are an older writer's, long dead."""
     pid = rest.split(".", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:     # another user's live process
-        return True
-    return int(pid) != os.getpid()
+    return pid.isdigit() and int(pid) != os.getpid() and alive(int(pid))
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

@@ -14,8 +14,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import Iterator
+
+
+PID_WIDTH = 10         # the pid is written at a fixed width in one write, over whatever an earlier holder left
+HOLDER_WAIT = 2.0
 
 
 class InUse(RuntimeError):
@@ -48,11 +53,32 @@ def _locked(flag: str, path: Path, output: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise InUse(f"{flag} {output} is in use by another run (pid {holder}); wait for it to end or "
+            raise InUse(f"{flag} {output} is in use by another run (pid {_holder(fd)}); wait for it to end or "
                         f"pass another {flag}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid():>{PID_WIDTH}}\n".encode(), 0)
         yield
     finally:
         os.close(fd)        # closing drops the lock
+
+
+def _holder(fd: int) -> str:
+    """The live pid the lock file names. The holder writes its pid just after it takes the lock, so a run
+    that comes in between reads nothing yet, or a dead run's pid: it reads again until a live one is
+    there (microseconds after the lock, in practice), for at most HOLDER_WAIT s."""
+    deadline = time.monotonic() + HOLDER_WAIT
+    while True:
+        text = os.pread(fd, PID_WIDTH + 1, 0).decode(errors="replace").strip()
+        if text.isdigit() and alive(int(text)) or time.monotonic() > deadline:
+            return text or "unknown"
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid runs (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # another user's live process
+        return True
+    return True
