@@ -70,6 +70,26 @@ def test_compiled_and_scheduled_steps_are_graphed_and_train_as_eager_ones(tmp_pa
     assert (eager - graphed).norm() <= tolerance * eager.norm(), (eager - graphed).abs().max()
 
 
+@pytest.mark.parametrize("flags", [["--amp", "bf16"], ["--amp", "fp16", "--compile"]])
+def test_dict_batches_into_a_model_with_its_own_loss_are_graphed_and_train_as_eager_ones(tmp_path, capfd, flags):
+    """A Hugging Face GPT-2 from its config, called as model(**batch) on {"input_ids", "labels"} batches
+    of one shape, trained on its own .loss: the whole step captured (fp16: the loss scaler's found-inf
+    check and the skip inside the graph), the same parameters as eager steps."""
+    if not has_gpus(1):
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
+    common = ["--gpus", "0", "--max-steps", "30", "--no-tf32", "--lr", "0.001", "--batch-size", "8",
+              "--optimizer", "adamw", "--model", "hf-causal-lm", "--model-options",
+              '{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 16}',
+              "--dataset", "tests.helpers.user_code:windows", "--val-fraction", "0", *flags]
+    run_train(tmp_path, *common, "--no-cuda-graph", name="eager")
+    capfd.readouterr()
+    run_train(tmp_path, *common, name="graph")
+    assert "running eagerly" not in capfd.readouterr().out
+    eager, graphed = flat_params(tmp_path / "eager.pt"), flat_params(tmp_path / "graph.pt")
+    assert (eager - graphed).norm() <= 2e-2 * eager.norm(), (eager - graphed).abs().max()
+
+
 def test_nvjpeg_batches_train_under_the_default_graph(tmp_path, capfd):
     if not has_gpus(1):
         pytest.skip("needs a CUDA GPU")

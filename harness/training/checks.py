@@ -36,7 +36,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "grad_accum": AT_LEAST_ONE, "epochs": AT_LEAST_ONE, "avg_every": AT_LEAST_ONE, "max_steps": AT_LEAST_ONE,
     "seed": NOT_NEGATIVE, "patience": NOT_NEGATIVE, "validate_every": NOT_NEGATIVE, "save_every": NOT_NEGATIVE,
     "save_every_steps": NOT_NEGATIVE, "data_workers": NOT_NEGATIVE, "max_bad_samples": NOT_NEGATIVE,
-    "max_restarts": NOT_NEGATIVE,
+    "max_restarts": NOT_NEGATIVE, "profile_from": NOT_NEGATIVE, "profile_updates": AT_LEAST_ONE,
     "heartbeat_timeout": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
     "bucket_mb": POSITIVE, "lr": POSITIVE,
     "clip_grad": (lambda v: 0 < v < math.inf, "must be a positive norm"),
@@ -214,6 +214,10 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
                           "(e.g. apt-get install g++) or drop --compile")
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
+    if config.profile and config.max_steps and config.max_steps < config.profile_from + config.profile_updates:
+        raise ConfigError(f"--profile records updates {config.profile_from + 1} to "
+                          f"{config.profile_from + config.profile_updates}, after --max-steps {config.max_steps}: "
+                          "lower --profile-from or raise --max-steps")
 
 
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:

@@ -90,6 +90,9 @@ class TrainConfig:
     # -- logging
     log_dir: str = "runs"               # metrics.jsonl and metrics.png
     tensorboard: bool = False           # also TensorBoard scalars in log_dir
+    profile: str | None = None          # a folder for a torch.profiler record of a few updates (rank 0)
+    profile_from: int = 20              # --profile: updates left out first (compilation, graph capture)
+    profile_updates: int = 5            # --profile: updates recorded
     # -- failures
     max_restarts: int = 0               # worker deaths or hangs survived
     heal: str | None = None             # "on" (the default with max_restarts) or "off": restart instead

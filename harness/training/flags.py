@@ -147,6 +147,13 @@ def _logging(a: Callable[..., Any]) -> None:
     a("--tensorboard", action="store_true",
       help="also write the log's records as TensorBoard scalars (event files in --log-dir; needs the "
            "tensorboard package: pip install -e '.[tensorboard]')")
+    a("--profile", metavar="DIR",
+      help="record a few updates of rank 0 with torch.profiler into DIR: trace.json (chrome://tracing, "
+           "Perfetto), profile.json (per update: wall time, kernel time by category, idle time, the heaviest "
+           "kernels) and profile.txt (the heaviest operators)")
+    a("--profile-from", type=int, metavar="N",
+      help="--profile: leave out the first N updates (default 20: compilation, graph capture, warm-up)")
+    a("--profile-updates", type=int, metavar="N", help="--profile: record N updates (default 5)")
 
 
 def _failures(a: Callable[..., Any]) -> None:

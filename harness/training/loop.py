@@ -41,6 +41,7 @@ from harness.training.losses import make_loss
 from harness.training.evaluation import evaluate
 from harness.training.metrics import worker_memory_mb
 from harness.training.optim import load_optimizer_state, set_lr
+from harness.training.profiling import StepProfiler
 from harness.training.scaling import LossScaler
 from harness.training.schedule import is_constant, learning_rate
 from harness.training.step import make_step
@@ -120,6 +121,8 @@ class Worker:
         self.first = self.state.step + 1
         self.last_report, self.memory, self.memory_at = time.monotonic(), None, -math.inf
         self.example = self._graph_example()
+        self.profiler = StepProfiler(config.profile if self.lead else None, self.state.step + config.profile_from,
+                                     config.profile_updates, self.device)
         self.scheduled = not is_constant(config.lr_schedule, config.warmup_steps)
         # A graph replays the update with the rate it read at capture, unless the rate is a device tensor.
         self.frozen_lr = self.scheduled and not torch.is_tensor(self.optimizer.param_groups[0]["lr"])
@@ -238,6 +241,7 @@ class Worker:
         loss = self.train_step(batch)
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
+        self.profiler.after(s.step)
         signum, diverged = self.vote.poll(s.step, loss)
         s.interrupted = s.interrupted or signum
         if diverged:

@@ -11,8 +11,10 @@ start, ``vs_best_plain`` and ``device``):
   ``harness-compile`` are Train.py on synthetic images (``--dataset synthetic``).
 - ``gpt-nanogpt``: GPT-2 124M, nanoGPT's recipe (batch 16 x accumulation 4 x 1024 tokens, bf16, fused
   AdamW, clip 1.0, cosine schedule with warm-up). ``nanogpt`` is nanoGPT's own train.py (compile on)
-  from a checkout of karpathy/nanoGPT (``--nanogpt DIR``); ``harness`` and ``harness-compile`` are
-  Train.py on the same token file with nanoGPT's model.py (scripts/bench/nanogpt_model.py).
+  from a checkout of karpathy/nanoGPT (``--nanogpt DIR``); ``plain-compile`` and ``plain-compile-graph``
+  are its loop reduced to the essentials in this script (``plain_gpt``), to profile and to try CUDA
+  graphs on; ``harness`` and ``harness-compile`` are Train.py on the same token file with nanoGPT's
+  model.py (scripts/bench/nanogpt_model.py).
 - ``gpt-builtin``: the same recipe with this harness's ``--model gpt`` 124m (no biases, as nanoGPT's
   recipe); ``vs_best_plain`` compares it with nanoGPT's train.py, ``vs_nanogpt_model`` with nanoGPT's
   model in the same harness variant.
@@ -21,7 +23,8 @@ start, ``vs_best_plain`` and ``device``):
   transformers' own Trainer; ``harness`` and ``harness-compile`` are Train.py with ``--model hf-causal-lm``.
 
 Each row runs in a process of its own (its own peak memory); rows are appended to ``rows.jsonl`` as
-they finish, so a run cut short keeps what it measured.
+they finish, so a run cut short keeps what it measured. ``--profile`` also records 5 steps of each
+row with torch.profiler (harness/training/profiling.py) into ``profiles/MODEL-VARIANT``.
 
     python -m scripts.bench.single --out bench/results/DATE-DEVICE-single --nanogpt .nanogpt
 """
@@ -36,11 +39,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from scripts.bench.common import ROOT, append_jsonl, bench_record, device, module_command, run_train, subprocess_env, write_json
 
 ROWS = {"resnet50": ("plain-eager", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
-        "gpt-nanogpt": ("nanogpt", "harness", "harness-compile"),
+        "gpt-nanogpt": ("nanogpt", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
         "gpt-builtin": ("harness", "harness-compile"),
         "gpt-hf": ("hf-trainer", "hf-trainer-compile", "harness", "harness-compile")}
 SAMPLES_PER_STEP = {"resnet50": 128, "gpt-nanogpt": 16 * 4, "gpt-builtin": 16 * 4, "gpt-hf": 16 * 4}
@@ -49,12 +53,11 @@ GPT_RECIPE = ["--batch-size", "16", "--grad-accum", "4", "--optimizer", "adamw",
               "--min-lr", "6e-5"]
 
 
-def plain_resnet50(variant: str, steps: int) -> dict:
+def plain_resnet50(variant: str, steps: int, profile: Path | None = None) -> dict:
     """The plain loop, in this process: (step_ms, first_step_s, peak_mb)."""
     import torch
     from harness.checkout.datasets import DataInfo
     from harness.checkout.models import build_model
-    from harness.control.timeline import process_started_at
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     model = build_model("resnet50", DataInfo("image", (3, 224, 224), 1000)).cuda().to(memory_format=torch.channels_last)
@@ -71,11 +74,60 @@ def plain_resnet50(variant: str, steps: int) -> dict:
         loss.backward()
         optimizer.step()
 
+    return time_plain(step, steps, profile)
+
+
+def plain_gpt(variant: str, steps: int, tokens: Path, profile: Path | None = None) -> dict:
+    """nanoGPT's train.py reduced to its loop (its model with its own loss, configure_optimizers'
+    fused AdamW, batch 16 x accumulation 4 x 1024, bf16, clip 1.0, the next batch copied while the
+    GPU works), in this process; ``plain-compile-graph`` compiles with mode="reduce-overhead"."""
+    import numpy as np
+    import torch
+    from scripts.bench.nanogpt_model import _nanogpt
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    nanogpt = _nanogpt()
+    model = nanogpt.GPT(nanogpt.GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
+                                          dropout=0.0, bias=False)).cuda()
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
+    forward = {"plain-compile": torch.compile(model),
+               "plain-compile-graph": torch.compile(model, mode="reduce-overhead")}[variant]
+    data = np.memmap(tokens / "train.bin", dtype=np.uint16, mode="r")
+    generator = np.random.default_rng(0)
+
+    def batch() -> tuple:
+        starts = generator.integers(0, len(data) - 1025, 16)
+        window = torch.from_numpy(np.stack([data[i:i + 1025].astype(np.int64) for i in starts]))
+        return window[:, :-1].pin_memory().cuda(non_blocking=True), window[:, 1:].pin_memory().cuda(non_blocking=True)
+
+    following = [batch()]
+
+    def step() -> None:
+        for _ in range(4):
+            x, y = following.pop()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = forward(x, y)
+            following.append(batch())
+            (loss / 4).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return time_plain(step, steps, profile)
+
+
+def time_plain(step: Callable[[], None], steps: int, profile: Path | None) -> dict:
+    """The first step from the process's start, 10 warm-up steps, 5 profiled (with ``profile``), then
+    ``steps`` timed between two synchronisations."""
+    import torch
+    from harness.control.timeline import process_started_at
+    from harness.training.profiling import StepProfiler
     step()
     torch.cuda.synchronize()
     first = time.time() - process_started_at()
-    for _ in range(10):
+    profiler = StepProfiler(str(profile) if profile else None, 10, 5, torch.device("cuda"))
+    for done in range(1, 16 if profile else 11):
         step()
+        profiler.after(done)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
@@ -85,10 +137,11 @@ def plain_resnet50(variant: str, steps: int) -> dict:
             "peak_mb": torch.cuda.max_memory_reserved() / 2**20}
 
 
-def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path) -> dict:
+def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, profile: Path | None = None) -> dict:
     """Train.py as a user runs it: step time from the first update's end to the last's (start-up and
     compilation left out), peak memory from the worker, the first step from the parent's start."""
-    flags = ["--gpus", "0", "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else [])]
+    flags = ["--gpus", "0", "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else []),
+             *(["--profile", str(profile)] if profile else [])]
     if model == "resnet50":
         flags += ["--model", "resnet50", "--dataset", "synthetic", "--dataset-options",
                   '{"shape": [3, 224, 224], "num_classes": 1000, "size": 2048}', "--val-fraction", "0",
@@ -183,9 +236,11 @@ def make_tokens(folder: Path) -> Path:
 
 def run_row(model: str, variant: str, args: argparse.Namespace, tokens: Path) -> dict:
     steps = args.steps[model]
+    profile = args.out / "profiles" / f"{model}-{variant}" if args.profile and variant != "nanogpt" else None
     if variant.startswith(("plain", "hf-trainer")):
         done = subprocess.run(module_command("scripts.bench.single", "--row", model, variant, "--steps",
-                                             json.dumps(args.steps), "--out", str(args.out)),
+                                             json.dumps(args.steps), "--out", str(args.out),
+                                             *(["--profile"] if profile else [])),
                               capture_output=True, text=True, timeout=900, env=subprocess_env())
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
@@ -193,7 +248,9 @@ def run_row(model: str, variant: str, args: argparse.Namespace, tokens: Path) ->
     elif variant == "nanogpt":
         measured = nanogpt_row(steps, Path(args.nanogpt).resolve(), tokens)
     else:
-        measured = harness_row(model, variant, steps, args.out, tokens)
+        measured = harness_row(model, variant, steps, args.out, tokens, profile)
+    if profile and (profile / "profile.json").exists():
+        measured["profile"] = json.loads((profile / "profile.json").read_text())
     return {"model": model, "variant": variant, **measured,
             "samples_per_s": SAMPLES_PER_STEP[model] / measured["step_ms"] * 1000, "device": device()}
 
@@ -221,12 +278,18 @@ def main() -> None:
     p.add_argument("--steps", type=json.loads,
                    default={"resnet50": 300, "gpt-nanogpt": 40, "gpt-builtin": 40, "gpt-hf": 40},
                    help="timed updates per model, as JSON")
+    p.add_argument("--profile", action="store_true",
+                   help="also record 5 steps of each row with torch.profiler (Train.py --profile; the same summary "
+                        "for plain loops) into OUT/profiles/MODEL-VARIANT, and add its summary to the row")
     p.add_argument("--row", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)   # one plain row, here
     args = p.parse_args()
     if args.row:
         model, variant = args.row
-        row = hf_trainer(variant, args.steps[model], args.out.resolve() / "tokens") if model == "gpt-hf" else \
-            plain_resnet50(variant, args.steps[model])
+        profile = args.out.resolve() / "profiles" / f"{model}-{variant}" if args.profile else None
+        tokens = args.out.resolve() / "tokens"
+        row = hf_trainer(variant, args.steps[model], tokens) if model == "gpt-hf" else \
+            plain_gpt(variant, args.steps[model], tokens, profile) if model == "gpt-nanogpt" else \
+            plain_resnet50(variant, args.steps[model], profile)
         print(json.dumps(row))
         return
     args.out = args.out.resolve()

@@ -25,6 +25,25 @@ def hf_tokens(split: str, data_dir: str | None, count: int = 256):
     return table
 
 
+class Windows(torch.utils.data.Dataset):
+    """{"input_ids", "labels"} samples of one length, without a collate_fn: batches a CUDA graph can replay."""
+
+    num_classes = VOCAB
+
+    def __init__(self, split: str):
+        self.rows = _sequences(split, 128 if split == "train" else 32)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def windows(split: str, data_dir: str | None) -> Windows:
+    return Windows(split)
+
+
 class DictTokens(torch.utils.data.Dataset):
     """{"tokens", "targets"} samples of variable length, padded by its collate_fn."""
 
