@@ -30,16 +30,16 @@ def synchronise(ctx, bucket_mb: float | None, out_of_order: bool = False) -> dic
         with sync.no_sync():                     # the gradients, without their hooks' launches
             model(x).sum().backward()
         params = list(model.parameters())
-        sync._on_gradient(params[0])             # the last bucket fills first: nothing may launch
+        sync.order._on_gradient(params[0])             # the last bucket fills first: nothing may launch
         early = list(comm.calls)
         for param in reversed(params[1:]):
-            sync._on_gradient(param)
+            sync.order._on_gradient(param)
     else:
         model(x).sum().backward()
         early = list(comm.calls)                 # launched during backward
     sync.after_backward()
     return {"buckets": [(b.view.data_ptr(), b.view.numel()) for b in sync.buckets], "calls": comm.calls,
-            "early": early, "hooks": len(sync._hooks), "whole": (flat.grads[0].data_ptr(), flat.grads[0].numel()),
+            "early": early, "hooks": len(sync.order._hooks), "whole": (flat.grads[0].data_ptr(), flat.grads[0].numel()),
             "mine": [p.grad for p in reference.parameters()], "averaged": [p.grad for p in model.parameters()]}
 
 

@@ -1,6 +1,23 @@
 """Flatten a model's parameters and gradients into a few contiguous buffers (Torch7's getParameters())."""
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Segment:
+    """One (device, dtype) group of parameters: its flat parameter buffer, whose first elements are
+    the trainable parameters' (``trainable[k]`` at ``offsets[k]``, the same offsets in ``grads``), and
+    its gradient buffer (None where gradients are not flattened: --zero 2 shards them instead)."""
+    params: torch.Tensor
+    grads: torch.Tensor | None
+    trainable: list[torch.nn.Parameter]
+    offsets: list[int]
+
+    @property
+    def trainable_numel(self) -> int:
+        return self.offsets[-1] + self.trainable[-1].numel()
 
 
 class FlatParameters:
@@ -18,9 +35,16 @@ class FlatParameters:
 
     In-place parameter updates (optimizer steps, ``load_state_dict`` without ``assign=True``) write
     straight into the views, so optimizers built on ``model.parameters()`` need no special care.
+
+    Within a buffer the trainable parameters come first, frozen ones after them, so a trainable
+    parameter sits at the same offset in the parameter buffer as in the gradient buffer: a shard of
+    one is the same range of the other (harness/collectives/shards.py).
+
+    ``flatten_grads=False`` leaves gradients where autograd puts them (``grads`` is empty): --zero 2
+    keeps only its shard of them.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, flatten_grads: bool = True):
         # model.parameters() already deduplicates by identity, so tied parameters appear once, in
         # order of first registration.
         groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
@@ -32,21 +56,28 @@ class FlatParameters:
                 "unfreeze at least one parameter before flattening"
             )
 
-        self.params: list[torch.Tensor] = [_flatten_params(group) for group in groups.values()]
+        self.params: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
+        self.segments: list[Segment] = []       # the groups with trainable parameters
         self._grad_views: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self._segments: list[tuple[int, torch.Tensor, list[torch.nn.Parameter]]] = []
         for group in groups.values():
             trainable = [param for param in group if param.requires_grad]
+            flat_params = _flatten_params(trainable + [param for param in group if not param.requires_grad])
+            self.params.append(flat_params)
             if not trainable:
                 continue  # a fully frozen group gets no grad buffer, so grads may be shorter than params
-            flat_grad = torch.zeros(
-                sum(param.numel() for param in trainable), dtype=trainable[0].dtype, device=trainable[0].device
-            )
-            views = _views(flat_grad, trainable)
-            self._grad_views.extend(zip(trainable, views))
-            self._segments.append((len(self.grads), flat_grad, trainable[::-1]))
-            self.grads.append(flat_grad)
+            offsets = [0]
+            for param in trainable[:-1]:
+                offsets.append(offsets[-1] + param.numel())
+            flat_grad = None
+            if flatten_grads:
+                flat_grad = torch.zeros(offsets[-1] + trainable[-1].numel(), dtype=trainable[0].dtype,
+                                        device=trainable[0].device)
+                self._grad_views.extend(zip(trainable, views(flat_grad, trainable)))
+                self._segments.append((len(self.grads), flat_grad, trainable[::-1]))
+                self.grads.append(flat_grad)
+            self.segments.append(Segment(flat_params, flat_grad, trainable, offsets))
         self.rebind_grads()
 
         self.buffers: list[torch.Tensor] = [buf for buf in model.buffers() if buf.is_floating_point()]
@@ -87,7 +118,7 @@ class FlatParameters:
         return list(self._segments)
 
 
-def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+def views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
     """Consecutive slices of flat, shaped like params and laid out like them, in order.
 
     A slice keeps its parameter's dense memory format (e.g. channels_last conv weights): turning
@@ -104,7 +135,7 @@ def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.T
 def _flatten_params(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """Copy params into one buffer and make each param's .data a view of it (values preserved)."""
     flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-    for param, view in zip(params, _views(flat, params)):
+    for param, view in zip(params, views(flat, params)):
         view.copy_(param.detach())
         param.data = view
     return flat

@@ -15,7 +15,7 @@ per buffer, issued in the same order on every rank (out-of-order collectives dea
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -70,6 +70,70 @@ class GradientAveraging(Synchroniser):
             self.comm.all_reduce(buffer, op="avg")
 
 
+class LaunchOrder:
+    """Which bucket's gradients are all in, and launching full buckets strictly in index order.
+
+    A post-accumulate-grad hook counts down each bucket (``groups[i]``: its parameters); a full bucket
+    is launched (``launch(i)``) once every bucket before it has been, because NCCL deadlocks when ranks
+    issue collectives in different orders: a bucket that fills early waits for its predecessors.
+    ``rest()`` launches what is left after backward (parameters that got no gradient this time).
+
+    With one bucket there are no hooks: it fills with backward's last gradient, so there is nothing
+    to overlap, and on such small (launch-bound) models the hooks' host cost is the whole price.
+    Measured on an H200 with the MLP: Python hooks run on autograd's device thread, and launching the
+    bucket from there added ~0.3 ms to a 1.3 ms step; one synchronous collective after backward ~0.02 ms.
+    """
+
+    def __init__(self, groups: list[list[torch.nn.Parameter]], launch: Callable[[int], None],
+                 active: Callable[[], bool]):
+        self.counts = [len(group) for group in groups]
+        self._launch, self._active = launch, active
+        self._owner = {param: index for index, group in enumerate(groups) for param in group}
+        self.hooked = len(groups) > 1
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._owner] \
+            if self.hooked else []
+        self.reset()
+
+    def reset(self) -> None:
+        self._waiting = list(self.counts)
+        self._next = 0
+
+    def _on_gradient(self, param: torch.nn.Parameter) -> None:
+        if not self._active():
+            return
+        self._waiting[self._owner[param]] -= 1
+        while self._next < len(self.counts) and self._waiting[self._next] <= 0:
+            self._next += 1
+            self._launch(self._next - 1)
+
+    def rest(self) -> None:
+        while self._next < len(self.counts):
+            self._next += 1
+            self._launch(self._next - 1)
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self.reset()
+
+
+def bucket_groups(segment_params: list[torch.nn.Parameter], itemsize: int,
+                  bucket_mb: float) -> list[list[torch.nn.Parameter]]:
+    """Consecutive runs of ``segment_params`` (one flat buffer's, in the order backward fills them) of
+    at least ``bucket_mb`` MiB each, the last one what remains."""
+    if bucket_mb <= 0:
+        raise ValueError(f"bucket_mb={bucket_mb}: must be positive")
+    groups: list[list[torch.nn.Parameter]] = [[]]
+    elements = 0
+    for param in segment_params:
+        groups[-1].append(param)
+        elements += param.numel()
+        if elements * itemsize >= bucket_mb * 2**20:
+            groups.append([])
+            elements = 0
+    return [group for group in groups if group]
+
+
 class _Bucket:
     """A contiguous slice of one flat gradient buffer and the parameters whose gradients fill it."""
 
@@ -78,7 +142,6 @@ class _Bucket:
         start = min(offsets)
         stop = max(o + p.numel() for o, p in zip(offsets, params))
         self.view = flat_grad[start:stop]
-        self.count = len(params)
         self.shadow = None if reduce_dtype in (None, flat_grad.dtype) else torch.empty_like(self.view, dtype=reduce_dtype)
 
 
@@ -86,75 +149,41 @@ class BucketedGradientAveraging(GradientAveraging):
     """Overlap the gradient all-reduce with backward, like DDP's reducer, on flat buffers.
 
     Buckets are cut from each flat gradient buffer in reverse registration order (about the order
-    backward produces gradients), ``bucket_mb`` each. A post-accumulate-grad hook counts down each
-    bucket; a full bucket is launched asynchronously (NCCL: on a side stream that first waits for
-    backward's stream). Buckets are launched strictly in index order on every rank, because NCCL
-    deadlocks when ranks issue collectives in different orders: a bucket that fills early waits
-    for its predecessors. ``after_backward`` launches what is left (parameters that got no
-    gradient this step keep their zeroed gradient) and makes the optimizer wait for every bucket.
+    backward produces gradients), ``bucket_mb`` each, and launched as they fill, in index order
+    (``LaunchOrder``), asynchronously (NCCL: on a side stream that first waits for backward's
+    stream). ``after_backward`` launches what is left (parameters that got no gradient this step keep
+    their zeroed gradient) and makes the optimizer wait for every bucket.
 
     ``reduce_dtype=torch.bfloat16`` halves the bytes on the wire: each bucket is cast into a bf16
     shadow before the all-reduce and copied back after it.
-
-    A model whose gradients fit in one bucket gets no hooks: its only bucket fills with backward's
-    last gradient, so there is nothing to overlap, and on such small (launch-bound) models the
-    hooks' host cost is the whole price. Measured on an H200 with the MLP: Python hooks run on
-    autograd's device thread, and launching the bucket from there added ~0.3 ms to a 1.3 ms step;
-    one synchronous all-reduce on the current stream after backward adds ~0.02 ms.
     """
 
     def __init__(self, comm: Communicator, flat: FlatParameters, bucket_mb: float = 25.0,
                  reduce_dtype: torch.dtype | None = None):
         super().__init__(comm, flat)
-        if bucket_mb <= 0:
-            raise ValueError(f"bucket_mb={bucket_mb}: must be positive")
         self.buckets: list[_Bucket] = []
-        self._owner: dict[torch.nn.Parameter, int] = {}
-        cap = bucket_mb * 2**20
-
-        def close(flat_grad: torch.Tensor, group: list[torch.nn.Parameter]) -> None:
-            self._owner.update((p, len(self.buckets)) for p in group)
-            self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
-
+        groups: list[list[torch.nn.Parameter]] = []
         for _, flat_grad, params in flat.grad_segments():
-            group: list[torch.nn.Parameter] = []
-            elements = 0
-            for param in params:
-                group.append(param)
-                elements += param.numel()
-                if elements * flat_grad.element_size() >= cap:
-                    close(flat_grad, group)
-                    group, elements = [], 0
-            if group:
-                close(flat_grad, group)
-        overlap = len(self.buckets) > 1
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._owner] if overlap else []
-        self.reset()
-
-    def reset(self) -> None:
-        self._waiting = [b.count for b in self.buckets]
-        self._next = 0
+            for group in bucket_groups(params, flat_grad.element_size(), bucket_mb):
+                groups.append(group)
+                self.buckets.append(_Bucket(flat_grad, group, reduce_dtype))
+        self.order = LaunchOrder(groups, self._launch, lambda: self.syncing)
         self._works: list = []
 
-    def _on_gradient(self, param: torch.nn.Parameter) -> None:
-        if not self.syncing:
-            return
-        self._waiting[self._owner[param]] -= 1
-        while self._next < len(self.buckets) and self._waiting[self._next] <= 0:
-            self._launch()
+    def reset(self) -> None:
+        self.order.reset()
+        self._works = []
 
-    def _launch(self, async_op: bool = True) -> None:
-        bucket = self.buckets[self._next]
-        self._next += 1
+    def _launch(self, index: int) -> None:
+        bucket = self.buckets[index]
         if bucket.shadow is not None:
             bucket.shadow.copy_(bucket.view)
         work = self.comm.all_reduce(bucket.view if bucket.shadow is None else bucket.shadow, op="avg",
-                                    async_op=async_op)
+                                    async_op=self.order.hooked)
         self._works.append((bucket, work))
 
     def after_backward(self) -> None:
-        while self._next < len(self.buckets):
-            self._launch(async_op=bool(self._hooks))
+        self.order.rest()
         for bucket, work in self._works:
             if work is not None:
                 work.wait()
@@ -163,8 +192,7 @@ class BucketedGradientAveraging(GradientAveraging):
         self.reset()
 
     def close(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
+        self.order.close()
         self.reset()
 
 
