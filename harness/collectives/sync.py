@@ -43,11 +43,30 @@ class Synchroniser:
         for tensor in (*self.flat.params, *self.flat.buffers):
             self.comm.broadcast(tensor, root=0)
 
+    def zero_grad(self) -> None:
+        """Before an update's first backward."""
+        self.flat.zero_grad()
+
     def after_backward(self) -> None:
         pass
 
+    def update_grads(self) -> list[torch.Tensor]:
+        """The gradients the optimizer reads (clipped, unscaled): the flat ones, or this rank's shards."""
+        return self.flat.grads
+
+    # Where update_grads() is a shard, combine(value, op) makes a figure computed over it (a squared norm,
+    # an overflow flag) the group's, in place; None: the figure is the group's already.
+    combine: Callable[[torch.Tensor, str], None] | None = None
+
+    def after_update(self) -> None:
+        """After the optimizer's step (sharded: the updated shards gathered back)."""
+
     def after_step(self, step: int) -> None:
         pass
+
+    def gradient_bytes(self) -> int:
+        """What this rank holds for gradients (the flat buffers; a sharded synchroniser adds its own)."""
+        return sum(g.nbytes for g in self.flat.grads)
 
     def finish(self) -> None:
         """Called before the replicas are compared, evaluated or saved."""

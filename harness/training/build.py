@@ -6,11 +6,12 @@ check the options (harness/training/checks.py), and Test.py builds it to evaluat
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from harness.collectives.flat import FlatParameters
+from harness.collectives.shards import ShardedGradients, ShardLayout
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 from harness.data.batch import Batch, call_model
 from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
@@ -37,15 +38,15 @@ def make_model(config: TrainConfig, info: Any, device: torch.device) -> torch.nn
     return model
 
 
-def build(config: TrainConfig, info: Any, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = make_model(config, info, device)
-    optimizer = build_optimizer(config.optimizer, model.parameters(), lr=config.lr, momentum=config.momentum,
+def make_optimizer(config: TrainConfig, params: Iterable[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    """The run's optimizer over ``params``: the model's, or this rank's shards of them (--zero)."""
+    optimizer = build_optimizer(config.optimizer, params, lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay, nesterov=config.nesterov, impl=config.optimizer_impl)
     if device.type == "cuda":       # one arithmetic for Adam-like optimizers, eager or graphed
         make_capturable(optimizer)
     rate_on_device(optimizer)
     zero_momentum(optimizer)
-    return model, optimizer
+    return optimizer
 
 
 def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -58,9 +59,12 @@ def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractCo
 
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
-                      optimizer: torch.optim.Optimizer) -> Synchroniser:
+                      optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None) -> Synchroniser:
     """A world of one has nothing to average: the base Synchroniser does nothing (no gradient hooks,
-    no collectives), so one worker steps as a plain loop does."""
+    no collectives), so one worker steps as a plain loop does; except with --zero, whose optimizer
+    updates ``shards`` (then a world of one runs the sharded path, one piece a bucket)."""
+    if shards is not None:
+        return ShardedGradients(comm, flat, shards, config.zero)
     if comm.size == 1:
         return Synchroniser(comm, flat)
     if config.mode == "param":

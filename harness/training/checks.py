@@ -45,6 +45,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "target_error": (lambda v: 0 <= v <= 1, "must be a fraction in [0, 1]"),
     "amp": (lambda v: v in ("bf16", "fp16"), "must be bf16 or fp16"),
+    "zero": (lambda v: v in (0, 1, 2), "must be 0, 1 or 2"),
 }
 MAX_LR = 10.0       # above this every optimizer we offer diverges at once
 
@@ -144,6 +145,12 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
     last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart."""
     if not config.max_restarts or config.heal == "off":
         return False
+    if config.zero:
+        if config.heal == "on":
+            raise ConfigError(f"--heal on: with --zero {config.zero} a dead worker's shard of the optimizer state is "
+                              "kept nowhere else, so the run restarts from the last checkpoint instead; drop --heal on "
+                              "(save often with --save-every-steps)")
+        return False
     limit = gpu_heal_limit(config) if gpus else None
     if limit and config.heal == "on":
         raise ConfigError(f"--heal on: GPU workers heal in place in grad mode, with a fused optimizer, one worker "
@@ -204,6 +211,7 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
         raise ConfigError(f"--cuda-graph would freeze the learning rate that --lr-schedule/--warmup-steps change "
                           f"every update: --optimizer {config.optimizer} is not fused, so its rate is not read "
                           f"from the device; use a fused optimizer (sgd, adam, adamw, adagrad) or drop one of them")
+    check_zero(config)
     if config.amp == "fp16" and not fused:
         impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
         raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
@@ -218,6 +226,19 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
         raise ConfigError(f"--profile records updates {config.profile_from + 1} to "
                           f"{config.profile_from + config.profile_updates}, after --max-steps {config.max_steps}: "
                           "lower --profile-from or raise --max-steps")
+
+
+def check_zero(config: TrainConfig) -> None:
+    """--zero shards grad mode's buckets over the workers, one worker a GPU."""
+    if not config.zero:
+        return
+    clash = ("--mode param" if config.mode == "param" else
+             f"--workers-per-gpu {config.workers_per_gpu}" if config.workers_per_gpu > 1 else
+             "--grad-sync flat" if config.grad_sync == "flat" else
+             "--reduce-dtype bf16" if config.reduce_dtype == "bf16" else None)
+    if clash:
+        raise ConfigError(f"--zero {config.zero} shards grad mode's gradient buckets over one worker per GPU, "
+                          f"which {clash} does not have; drop {clash} or use --zero 0")
 
 
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:

@@ -57,6 +57,7 @@ class TrainConfig:
     grad_sync: str = "bucketed"         # grad mode: buckets during backward, or "flat" after it
     bucket_mb: float = 25.0             # grad mode: bucket size in MiB
     reduce_dtype: str = "fp32"          # grad mode: fp32 (the gradients' own) or bf16
+    zero: int = 0                       # grad mode: 0 full replicas; 1 shard the optimizer state; 2 also gradients
     # -- optimizer and schedule
     optimizer: str = "sgd"              # sgd, adam, adamw, adagrad, ccnesterov, ...
     optimizer_impl: str | None = None   # fused or foreach (None: fused where torch has it)

@@ -77,6 +77,10 @@ def _synchronisation(a: Callable[..., Any]) -> None:
     a("--grad-sync", choices=("bucketed", "flat"),
       help="grad mode: all-reduce buckets during backward (default), or the whole flat gradient after it")
     a("--bucket-mb", type=float, help="grad mode: gradient bucket size in MiB (default 25)")
+    a("--zero", type=int, choices=(0, 1, 2),
+      help="grad mode: 0 every worker holds the whole optimizer state (default); 1 each of N workers keeps the "
+           "optimizer state of 1/N of the parameters (gradients reduce-scattered, parameters all-gathered: "
+           "ZeRO-1); 2 also only 1/N of the gradients (ZeRO-2). Checkpoints are the same for every N and --zero")
     a("--reduce-dtype", choices=("fp32", "bf16"),
       help="grad mode: dtype gradients are averaged in (default fp32, i.e. the gradients' own)")
 

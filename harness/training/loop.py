@@ -35,15 +35,18 @@ from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_st
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
-from harness.training.build import autocast, build, load_data, make_batches, make_synchroniser, model_loss
+from harness.collectives.shards import ShardLayout
+from harness.training.build import (autocast, load_data, make_batches, make_model, make_optimizer, make_synchroniser,
+                                    model_loss)
 from harness.training.config import TrainConfig
 from harness.training.losses import make_loss
 from harness.training.evaluation import evaluate
-from harness.training.metrics import worker_memory_mb
+from harness.training.metrics import memory_usage, worker_memory_mb
 from harness.training.optim import load_optimizer_state, set_lr
 from harness.training.profiling import StepProfiler
 from harness.training.scaling import LossScaler
 from harness.training.schedule import is_constant, learning_rate
+from harness.training.sharded_state import gather_state, load_state
 from harness.training.step import make_step
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
@@ -101,8 +104,12 @@ class Worker:
         self.bad = Tally(ctx, config.max_bad_samples)      # samples that failed to load: logged, counted
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
-        self.model, self.optimizer = build(config, self.data.info, self.device)
-        self.flat = FlatParameters(self.model)
+        self.model = make_model(config, self.data.info, self.device)
+        self.flat = FlatParameters(self.model, flatten_grads=config.zero < 2)
+        # --zero: this rank's optimizer updates its shards of the flat parameters (harness/collectives/shards.py)
+        self.shards = ShardLayout(self.flat, self.world, self.rank, config.bucket_mb) if config.zero else None
+        self.optimizer = make_optimizer(config, self.shards.pieces if self.shards else self.model.parameters(),
+                                        self.device)
         self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
         # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
         # the gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
@@ -133,7 +140,10 @@ class Worker:
 
     def _restore(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])
-        load_optimizer_state(self.optimizer, saved["optimizer"])
+        if self.shards is not None:
+            load_state(self.optimizer, self.shards, saved["optimizer"], self.model)
+        else:
+            load_optimizer_state(self.optimizer, saved["optimizer"])
         if self.scaler is not None and saved.get("loss_scale"):     # older checkpoints: the initial scale
             self.scaler.load_state_dict(saved["loss_scale"][self.rank % len(saved["loss_scale"])])
         if self.state.position:        # mid-epoch: dropout and the like go on from where the generators were
@@ -157,7 +167,7 @@ class Worker:
         GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their
         step only where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
         config = self.config
-        self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer)
+        self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards)
         if start:
             self.sync.start()
         ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
@@ -263,8 +273,11 @@ class Worker:
         if s.step == self.first:
             first_loss = loss.item()
             timeline.mark(self.marks, "first_step")
+            ranks = self.ctx.exchange(self.ctx.unique_tag("memory"),
+                                      {"rank": self.rank, **memory_usage(self.flat, self.sync, self.optimizer, self.device)})
             if self.lead:
                 self.ctx.send({"event": "first_step", "step": s.step, "loss": first_loss})
+                self.ctx.send({"event": "memory", "zero": self.config.zero, "ranks": ranks})
         if not self.lead or time.monotonic() - self.last_report < REPORT_EVERY_S:
             return
         self.last_report = time.monotonic()
@@ -334,9 +347,12 @@ class Worker:
         generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
         # every rank's (param mode's replicas scale apart; grad mode's alike)
         scales = self.ctx.exchange(self.ctx.unique_tag("loss-scale"), self.scaler.state_dict()) if self.scaler else None
+        # as an unsharded optimizer's, whatever --zero: any number of workers resumes it
+        optimizer = gather_state(self.optimizer, self.shards, self.comm, self.model) if self.shards is not None \
+            else self.optimizer.state_dict() if self.lead else None
         if self.lead:
             saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
-            self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": optimizer,
                                           "epoch": s.epoch, "step": s.step, "position": s.position,
                                           "rng": generators, "early_stop": (s.best_error, s.stale),
                                           "loss_scale": scales,

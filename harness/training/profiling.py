@@ -8,6 +8,12 @@ waiting. Kernels are put in a few categories by name (``categorize``), the same 
 harness and for the plain loops the benchmarks compare it with (scripts/bench/profile.py), so two
 profiles can be read side by side.
 
+On a GPU the summary also says where the memory is (``memory``): the allocator's figures after the
+first update (start-up, compilation and a CUDA graph's warm-up and capture are behind it) and at the
+window's end, the lifetime peaks, and the reserved memory by pool and stream (the default pool on the
+step's stream, a side stream's blocks, a CUDA graph's private pool) with the largest blocks in use.
+A lifetime peak above what the steady step holds was reached during start-up.
+
 Files: ``trace.json`` (chrome://tracing, Perfetto), ``profile.json`` (the summary) and
 ``profile.txt`` (torch's table of the heaviest operators).
 """
@@ -69,6 +75,34 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+MB = 2**20
+
+
+def memory_now(device: torch.device) -> dict:
+    """The caching allocator's figures on ``device`` now, in MB: in use, reserved, and the lifetime peaks."""
+    return {"allocated_mb": torch.cuda.memory_allocated(device) / MB,
+            "reserved_mb": torch.cuda.memory_reserved(device) / MB,
+            "max_allocated_mb": torch.cuda.max_memory_allocated(device) / MB,
+            "max_reserved_mb": torch.cuda.max_memory_reserved(device) / MB}
+
+
+def pools(snapshot: dict, largest: int = 8) -> dict:
+    """Reserved and allocated memory of a ``torch.cuda.memory._snapshot()`` by pool and stream (the
+    default pool is ``(0, 0)``; a CUDA graph's is private), and the largest blocks in use."""
+    by_pool: dict[str, dict] = {}
+    blocks: list[tuple[int, str]] = []
+    for segment in snapshot.get("segments", []):
+        pool = tuple(segment.get("segment_pool_id") or (0, 0))
+        key = f"{'default' if pool == (0, 0) else 'private ' + str(list(pool))} pool, stream {segment.get('stream', 0)}"
+        entry = by_pool.setdefault(key, {"reserved_mb": 0.0, "allocated_mb": 0.0, "segments": 0})
+        entry["reserved_mb"] += segment.get("total_size", 0) / MB
+        entry["allocated_mb"] += segment.get("allocated_size", 0) / MB
+        entry["segments"] += 1
+        blocks += [(b["size"], key) for b in segment.get("blocks", []) if b.get("state") == "active_allocated"]
+    return {"by_pool": dict(sorted(by_pool.items(), key=lambda item: -item[1]["reserved_mb"])),
+            "largest_blocks": [{"mb": size / MB, "pool": key} for size, key in sorted(blocks, reverse=True)[:largest]]}
+
+
 def write(profile: Any, summary: dict, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     profile.export_chrome_trace(str(folder / "trace.json"))
@@ -85,10 +119,14 @@ class StepProfiler:
         self.folder, self.start, self.count, self.device = folder, start, count, device
         self.profile: Any = None
         self.began = 0.0
+        self.first_update: dict | None = None
 
     def after(self, step: int) -> None:
         if self.folder is None:
             return
+        if self.first_update is None and self.device.type == "cuda":
+            self._synchronize()
+            self.first_update = {"update": step, **memory_now(self.device)}
         if step == self.start:
             self._synchronize()
             activities = [torch.profiler.ProfilerActivity.CPU]
@@ -101,7 +139,11 @@ class StepProfiler:
             self._synchronize()
             wall = time.perf_counter() - self.began
             self.profile.__exit__(None, None, None)
-            write(self.profile, summarize(self.profile, self.count, wall), Path(self.folder))
+            summary = summarize(self.profile, self.count, wall)
+            if self.device.type == "cuda":
+                summary["memory"] = {"first_update": self.first_update, "window_end": memory_now(self.device),
+                                     **pools(torch.cuda.memory._snapshot(self.device))}
+            write(self.profile, summary, Path(self.folder))
             self.profile, self.folder = None, None
 
     def _synchronize(self) -> None:

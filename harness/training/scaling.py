@@ -28,7 +28,7 @@ that have it (A100, H100 and later); fp16 is for those that do not (V100, T4).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -65,12 +65,15 @@ class LossScaler:
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale
 
-    def unscale_(self, grads: list[torch.Tensor]) -> None:
+    def unscale_(self, grads: list[torch.Tensor], combine: Callable[[torch.Tensor, str], None] | None = None) -> None:
         """Divide the flat gradients by the scale, flag an overflow (the optimizer then skips the
-        update), and move the scale on. Issues device work only."""
+        update), and move the scale on. Issues device work only. ``combine``: where ``grads`` are this
+        rank's shards (--zero), the flag is made the group's (max), so that every rank skips alike."""
         self.found_inf.zero_()
         torch.reciprocal(self.scale, out=self._inverse)
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, self._inverse)
+        if combine is not None:
+            combine(self.found_inf, "max")
         if self._void is None:
             self._update()
             return

@@ -23,6 +23,7 @@ captures) and otherwise runs eagerly, saying why once; ``True`` is the same, ask
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 from typing import Any, Callable
@@ -85,22 +86,23 @@ class TrainStep:
 
     def run(self, batch: Batch) -> torch.Tensor:
         """Issue one update: forward, backward, synchronisation, the optimizer's step."""
-        self.flat.zero_grad()
-        if self.accum == 1:
-            loss = self.backward(batch)
-        else:
-            parts = chunk(batch, self.accum)
-            with self.sync.no_sync():
-                loss = sum(self.backward(part) for part in parts[:-1])
-            loss = loss + self.backward(parts[-1])
+        self.sync.zero_grad()
+        parts = [batch] if self.accum == 1 else chunk(batch, self.accum)
+        loss = None
+        for index, part in enumerate(parts):     # only the last micro-batch's backward synchronises
+            with self.sync.no_sync() if index < len(parts) - 1 else contextlib.nullcontext():
+                part_loss = self.backward(part)
+            loss = part_loss if loss is None else loss + part_loss
         self.sync.after_backward()
         if self.ticket is not None:
             self.ticket.punch()
+        grads = self.sync.update_grads()
         if self.scaler is not None:     # unscaled before clipping; an overflowing update is skipped
-            self.scaler.unscale_(self.flat.grads)
+            self.scaler.unscale_(grads, self.sync.combine)
         if self.clip is not None:
-            self.grad_norm = clip_grad_norm(self.flat.grads, self.clip)
+            self.grad_norm = clip_grad_norm(grads, self.clip, self.sync.combine)
         self.optimizer.step()
+        self.sync.after_update()
         return loss
 
     def release(self) -> None:
@@ -116,11 +118,17 @@ class TrainStep:
         return loss.detach()
 
 
-def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
+                   combine: Callable[[torch.Tensor, str], None] | None = None) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` on the flat gradient buffers: a norm per buffer (a few,
     not one per parameter) and no host synchronisation, so a CUDA graph captures it. Returns the
-    global norm before clipping."""
+    global norm before clipping. ``combine``: where ``grads`` are this rank's shards, the squared norm
+    is summed over the ranks (one all-reduce of a scalar), so every rank clips by the same norm."""
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+    if combine is not None:
+        square = norm * norm
+        combine(square, "sum")
+        norm = square.sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(scale.to(g.dtype))

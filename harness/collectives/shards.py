@@ -1,0 +1,268 @@
+"""--zero 1 and 2: each rank keeps the optimizer state of 1/N of the flat parameters (ZeRO-1) and, with
+2, only that share of the gradients (ZeRO-2): DeepSpeed's ZeRO stages, FSDP's SHARD_GRAD_OP, on flat buffers.
+
+The layout (``ShardLayout``): the flat gradients are cut into buckets as gradient averaging cuts them
+(each buffer in reverse registration order, ``bucket_mb`` each), and every bucket into N equal pieces,
+the last one padded: rank r owns piece r of every bucket. Sharding bucket by bucket, rather than cutting
+the whole buffer into N ranges, is what lets a bucket be reduce-scattered as soon as backward fills it
+and gathered back on its own. The optimizer is built over ``layout.pieces``: parameters that alias this
+rank's ranges of the flat parameter buffer, whose ``.grad`` are this rank's pieces of the gradient
+(``layout.grads``), so a fused optimizer updates the flat parameters in place and keeps state for 1/N
+of them. Every optimizer we offer is elementwise, so an update over pieces is the update over whole
+parameters, element for element.
+
+One update (``ShardedGradients``):
+1. a bucket that backward has filled is reduce-scattered ("avg") into this rank's piece of it, in bucket
+   order, overlapping the rest of backward (``LaunchOrder``'s hooks);
+2. clipping and fp16's overflow check run on the pieces; ``combine`` all-reduces their one scalar each
+   (the squared norm, the overflow flag), so every rank clips by the global norm and skips together;
+3. the optimizer updates this rank's pieces of the parameters;
+4. ``after_update`` all-gathers every bucket's pieces back into the flat parameters, in place.
+
+Stage 1 keeps the full flat gradient buffer: autograd accumulates into it, --grad-accum's micro-batches
+too, and only the last one is reduced (``no_sync``). Stage 2 has none: when a bucket is full its
+gradients are copied into a staging buffer and released (``param.grad = None``) before the
+reduce-scatter, and with --grad-accum every micro-batch is reduced and the pieces accumulate. What stays
+of the gradients is this rank's pieces plus one bucket of staging: a bucket is copied in once the
+previous bucket's reduce-scatter is done, which still overlaps that reduce-scatter with the backward of
+the next bucket, as DDP's buckets do. (Stage 1 stages only buckets whose length N does not divide, to pad
+them; the staging buffer is allocated at its first use.)
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .base import Communicator
+from .flat import FlatParameters, Segment, views
+from .sync import GradientAveraging, LaunchOrder, bucket_groups
+
+STAGING = 1         # staging buffers, each of the largest bucket: one bucket's collective in flight at a time
+
+
+@dataclass
+class ShardBucket:
+    """Elements ``start:stop`` of a segment's buffers (``params``' gradients fill it), cut into ``size``
+    pieces of ``piece`` elements, the last one padded."""
+    segment: Segment
+    params: list[torch.nn.Parameter]
+    offsets: list[int]              # each parameter's offset in the segment
+    start: int
+    stop: int
+    piece: int
+    size: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def padded(self) -> bool:
+        return self.piece * self.size != self.numel
+
+    def owned(self, rank: int) -> tuple[int, int]:
+        """The range of the segment that ``rank`` owns (empty where padding is all its piece has)."""
+        first = min(self.start + rank * self.piece, self.stop)
+        return first, min(first + self.piece, self.stop)
+
+
+class ShardLayout:
+    """Which elements of the flat buffers each of ``size`` ranks owns (see the module's docstring), and
+    this ``rank``'s optimizer parameters (``pieces``) and gradient pieces (``grads``, one per bucket,
+    ``piece`` elements each, zeros where padding)."""
+
+    def __init__(self, flat: FlatParameters, size: int, rank: int, bucket_mb: float):
+        self.size, self.rank = size, rank
+        self.buckets: list[ShardBucket] = []
+        for segment in flat.segments:
+            offset = dict(zip(map(id, segment.trainable), segment.offsets))
+            for group in bucket_groups(segment.trainable[::-1], segment.params.element_size(), bucket_mb):
+                offsets = [offset[id(p)] for p in group]
+                start, stop = min(offsets), max(o + p.numel() for o, p in zip(offsets, group))
+                self.buckets.append(ShardBucket(segment, group, offsets, start, stop, -(-(stop - start) // size), size))
+        self.grads = [torch.zeros(b.piece, dtype=b.segment.params.dtype, device=b.segment.params.device)
+                      for b in self.buckets]
+        self.pieces: list[torch.nn.Parameter] = []
+        self.piece_buckets: list[int] = []        # the bucket of each piece
+        for index, bucket in enumerate(self.buckets):
+            first, last = bucket.owned(rank)
+            if last > first:
+                piece = torch.nn.Parameter(bucket.segment.params[first:last])     # an alias, not a copy
+                piece.grad = self.grads[index][:last - first]
+                self.pieces.append(piece)
+                self.piece_buckets.append(index)
+        if not self.pieces:
+            raise ValueError(f"--zero over {size} workers: rank {rank} would own no parameters (the model has "
+                             f"{sum(b.numel for b in self.buckets)} trainable elements); use fewer workers or --zero 0")
+
+    def numel(self) -> int:
+        """Trainable elements in all."""
+        return sum(b.numel for b in self.buckets)
+
+
+@dataclass
+class _Pending:
+    """A collective in flight and what follows it once it is done."""
+    work: object
+    then: Callable[[], None] = lambda: None
+    done: bool = False
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            if self.work is not None:
+                self.work.wait()
+            self.then()
+
+
+@dataclass
+class _Slot:
+    """One staging buffer per kind of segment (device, dtype), as large as that kind's largest padded
+    bucket (``sizes``), made at its first use, with the collective that uses it now; a slot is reused
+    once that collective is done."""
+    sizes: dict
+    buffers: dict = field(default_factory=dict)
+    pending: _Pending | None = None
+
+    def take(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.zeros(self.sizes[key], dtype=like.dtype, device=like.device)
+        return self.buffers[key][:numel]
+
+
+class ShardedGradients(GradientAveraging):
+    """The synchroniser of --zero ``stage`` (1 or 2) over ``layout`` (see the module's docstring)."""
+
+    def __init__(self, comm: Communicator, flat: FlatParameters, layout: ShardLayout, stage: int):
+        super().__init__(comm, flat)
+        if stage not in (1, 2):
+            raise ValueError(f"stage={stage}: ZeRO stages are 1 and 2")
+        if layout.size != comm.size:
+            raise ValueError(f"a layout for {layout.size} ranks with a communicator of {comm.size}")
+        self.layout, self.stage = layout, stage
+        largest: dict = {}
+        for bucket in layout.buckets:
+            key = (bucket.segment.params.device, bucket.segment.params.dtype)
+            largest[key] = max(largest.get(key, 0), bucket.piece * bucket.size)
+        self.slots = [_Slot(largest) for _ in range(STAGING)]
+        self.order = LaunchOrder([b.params for b in layout.buckets], self._reduce, lambda: self.syncing)
+        self.reset()
+
+    def reset(self) -> None:
+        self.order.reset()
+        for slot in self.slots:
+            slot.pending = None
+        self._launched = 0
+        self._micro = 0         # micro-batches of this update already reduced (stage 2)
+        self._open: list[_Pending] = []
+
+    def zero_grad(self) -> None:
+        if self.stage == 1:
+            self.flat.zero_grad()
+        self.reset()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Stage 1: the micro-batch accumulates into the flat gradients. Stage 2 has nowhere to keep a
+        whole gradient: the micro-batch is reduced as any other, and its pieces accumulate."""
+        if self.stage == 1:
+            with super().no_sync():
+                yield
+            return
+        yield
+        self.order.rest()
+        self.order.reset()
+        self._micro += 1
+
+    def _slot(self) -> _Slot:
+        """The next staging slot, once the collective that used it last is done."""
+        slot = self.slots[self._launched % STAGING]
+        self._launched += 1
+        if slot.pending is not None:
+            slot.pending.finish()
+        return slot
+
+    def _keep(self, pending: _Pending, slot: _Slot | None) -> None:
+        self._open.append(pending)
+        if slot is not None:
+            slot.pending = pending
+
+    def _reduce(self, index: int) -> None:
+        """Reduce-scatter bucket ``index``'s gradient into this rank's piece of it."""
+        bucket, piece = self.layout.buckets[index], self.layout.grads[index]
+        slot = self._slot() if self.stage == 2 or bucket.padded else None
+        source = self._stage(bucket, slot) if self.stage == 2 else self._padded(bucket, slot)
+        if self.stage == 2 and self._micro:     # a later micro-batch: reduced in place, then added to the piece
+            rank = self.layout.rank
+            received = source[rank * bucket.piece:(rank + 1) * bucket.piece]
+            work = self.comm.reduce_scatter(received, source, op="avg", async_op=self.order.hooked)
+            self._keep(_Pending(work, lambda: piece.add_(received)), slot)
+        else:
+            self._keep(_Pending(self.comm.reduce_scatter(piece, source, op="avg", async_op=self.order.hooked)), slot)
+
+    def _padded(self, bucket: ShardBucket, slot: _Slot | None) -> torch.Tensor:
+        """Stage 1: the bucket's view of the flat gradients, or a padded copy of it."""
+        view = bucket.segment.grads[bucket.start:bucket.stop]
+        if slot is None:
+            return view
+        staged = slot.take(view, bucket.piece * bucket.size)
+        staged[:bucket.numel].copy_(view)
+        staged[bucket.numel:].zero_()
+        return staged
+
+    def _stage(self, bucket: ShardBucket, slot: _Slot) -> torch.Tensor:
+        """Stage 2: the bucket's gradients copied into a staging buffer, laid out as the flat buffers
+        are, and released; a parameter that got no gradient this time contributes zeros."""
+        staged = slot.take(bucket.segment.params, bucket.piece * bucket.size)
+        for param, offset in zip(bucket.params, bucket.offsets):
+            (view,) = views(staged[offset - bucket.start:], [param])
+            if param.grad is None:
+                view.zero_()
+            else:
+                view.copy_(param.grad)
+                param.grad = None
+        staged[bucket.numel:].zero_()
+        return staged
+
+    def after_backward(self) -> None:
+        self.order.rest()
+        for pending in self._open:
+            pending.finish()
+        self.reset()
+
+    def update_grads(self) -> list[torch.Tensor]:
+        return self.layout.grads
+
+    def combine(self, value: torch.Tensor, op: str) -> None:
+        self.comm.all_reduce(value, op=op)
+
+    def after_update(self) -> None:
+        """All-gather every bucket's pieces into the flat parameters, in place (a padded bucket through
+        a staging buffer)."""
+        rank = self.layout.rank
+        for bucket in self.layout.buckets:
+            full = bucket.segment.params[bucket.start:bucket.stop]
+            slot = self._slot() if bucket.padded else None
+            out = full if slot is None else slot.take(full, bucket.piece * bucket.size)
+            mine = out[rank * bucket.piece:(rank + 1) * bucket.piece]
+            if slot is not None:
+                first, last = bucket.owned(rank)
+                mine[:last - first].copy_(bucket.segment.params[first:last])
+            work = self.comm.all_gather(out, mine, async_op=True)
+            then = (lambda full=full, out=out: full.copy_(out[:full.numel()])) if slot is not None else (lambda: None)
+            self._keep(_Pending(work, then), slot)
+        for pending in self._open:
+            pending.finish()
+        self.reset()
+
+    def gradient_bytes(self) -> int:
+        staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())
+        return super().gradient_bytes() + sum(g.nbytes for g in self.layout.grads) + staging
+
+    def close(self) -> None:
+        self.order.close()
+        self.reset()
