@@ -102,6 +102,10 @@ class ShardLayout:
         """Trainable elements in all."""
         return sum(b.numel for b in self.buckets)
 
+    def largest_bucket_mb(self) -> float:
+        """The largest bucket, padded (a bucket holds at least one parameter, whatever bucket_mb says)."""
+        return max(b.piece * b.size * b.segment.params.element_size() for b in self.buckets) / 2**20
+
 
 @dataclass
 class _Pending:

@@ -277,7 +277,8 @@ class Worker:
                                       {"rank": self.rank, **memory_usage(self.flat, self.sync, self.optimizer, self.device)})
             if self.lead:
                 self.ctx.send({"event": "first_step", "step": s.step, "loss": first_loss})
-                self.ctx.send({"event": "memory", "zero": self.config.zero, "ranks": ranks})
+                largest = self.shards.largest_bucket_mb() if self.shards is not None else None
+                self.ctx.send({"event": "memory", "zero": self.config.zero, "largest_bucket_mb": largest, "ranks": ranks})
         if not self.lead or time.monotonic() - self.last_report < REPORT_EVERY_S:
             return
         self.last_report = time.monotonic()

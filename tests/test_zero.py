@@ -1,0 +1,115 @@
+"""--zero 1 and 2: sharded optimizer state and gradients train the same parameters as replicas, hold
+1/N of the state, and write checkpoints that any number of workers with any --zero resumes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import Test
+from harness.collectives.flat import FlatParameters
+from harness.collectives.shards import ShardLayout
+from harness.resilience.checkpoint import load_checkpoint
+from harness.training.checks import resolve
+from harness.training.config import TrainConfig
+from harness.training.metrics import read_metrics
+from harness.training.optim import OPTIMIZERS, build_optimizer, default_impl
+from tests.helpers.collectives import small_model
+from tests.helpers.training import flat_params, run_train, train_error
+
+# AdamW, clipped, 2 micro-batches, buckets of ~0.2 MiB: the MLP's 1.15 MiB of parameters in several
+# buckets, so gradients are reduce-scattered from hooks and some buckets are padded.
+RECIPE = ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "0.1", "--clip-grad", "0.5", "--grad-accum", "2",
+          "--bucket-mb", "0.2", "--cpu-workers", "2"]
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """The --zero 0 run every sharded run must match."""
+    _, path = run_train(tmp_path_factory.mktemp("zero0"), *RECIPE, "--max-steps", "12", name="zero0")
+    return path
+
+
+def optimizer_state(path) -> torch.Tensor:
+    """A checkpoint's elementwise optimizer state as one float64 vector, parameter by parameter."""
+    state = load_checkpoint(path)["optimizer"]["state"]
+    return torch.cat([v.flatten().double() for i in sorted(state) for k, v in sorted(state[i].items()) if v.dim()])
+
+
+def memory(log_dir) -> tuple[list[dict], float | None]:
+    """The run's "memory" record: every rank's figures, and the largest bucket (--zero)."""
+    record = next(r for r in read_metrics(log_dir / "metrics.jsonl") if r["event"] == "memory")
+    return record["ranks"], record["largest_bucket_mb"]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_sharded_runs_train_the_parameters_of_replicas_and_hold_a_shard_of_the_state(stage, replicas, tmp_path):
+    _, path = run_train(tmp_path, *RECIPE, "--zero", str(stage), "--max-steps", "12", name="sharded")
+    torch.testing.assert_close(flat_params(path), flat_params(replicas), rtol=0, atol=1e-6)
+    torch.testing.assert_close(optimizer_state(path), optimizer_state(replicas), rtol=0, atol=1e-6)
+    (whole, _), (shards, bucket_mb) = memory(replicas.parent / "zero0"), memory(tmp_path / "sharded")
+    for full, rank in zip(whole, shards):
+        assert rank["param_mb"] == full["param_mb"]
+        assert rank["optimizer_mb"] <= full["optimizer_mb"] / 2 + bucket_mb
+        if stage == 2:      # this rank's pieces and one bucket of staging
+            assert rank["grad_mb"] <= full["grad_mb"] / 2 + bucket_mb
+    assert sum(r["optimizer_mb"] for r in shards) == pytest.approx(whole[0]["optimizer_mb"], abs=0.01)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_optimizer_updates_shards_as_it_updates_whole_parameters(name):
+    """Three ranks' optimizers over their pieces of one flat buffer (each given its piece of the
+    gradient, as a reduce-scatter would) against one optimizer over the whole parameters."""
+    options = {"momentum": 0.9, "nesterov": True} if name == "sgd" else {}
+    model, reference = small_model(), small_model()
+    reference.load_state_dict(model.state_dict())
+    flat = FlatParameters(model)
+    layouts = [ShardLayout(flat, 3, rank, bucket_mb=1e-4) for rank in range(3)]
+    assert len(layouts[0].buckets) > 1 and any(b.padded for b in layouts[0].buckets)
+    sharded = [build_optimizer(name, layout.pieces, lr=0.01, weight_decay=0.01, **options) for layout in layouts]
+    whole = build_optimizer(name, reference.parameters(), lr=0.01, weight_decay=0.01, **options)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for param, ref in zip(model.parameters(), reference.parameters()):
+            ref.grad = torch.randn(ref.shape, generator=generator)
+            param.grad.copy_(ref.grad)
+        for layout, optimizer in zip(layouts, sharded):
+            for index, bucket in enumerate(layout.buckets):
+                first, last = bucket.owned(layout.rank)
+                layout.grads[index][:last - first].copy_(flat.grads[0][first:last])
+            optimizer.step()
+        whole.step()
+    for param, ref in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(param, ref, rtol=0, atol=1e-6, msg=f"{name} ({default_impl(name)})")
+
+
+def test_a_sharded_checkpoint_resumes_on_other_workers_with_any_zero_and_test_py_reads_it(tmp_path, capsys):
+    """Saved by 2 workers with --zero 2 and by 2 with --zero 0 after one epoch; both resumed by 3 workers,
+    the first with --zero 1: the same parameters at the end."""
+    flags = [*RECIPE, "--epochs", "1"]
+    _, sharded = run_train(tmp_path, *flags, "--zero", "2", name="sharded")
+    _, replicated = run_train(tmp_path, *flags, name="replicated")
+    more = ["--epochs", "2", "--cpu-workers", "3"]
+    _, from_sharded = run_train(tmp_path, *more, "--zero", "1", "--resume", str(sharded), name="from-sharded")
+    _, from_replicated = run_train(tmp_path, *more, "--resume", str(replicated), name="from-replicated")
+    assert load_checkpoint(from_sharded)["config"]["workers"] == 3
+    torch.testing.assert_close(flat_params(from_sharded), flat_params(from_replicated), rtol=0, atol=1e-6)
+    torch.testing.assert_close(optimizer_state(from_sharded), optimizer_state(from_replicated), rtol=0, atol=1e-6)
+    assert Test.main(["--checkpoint", str(from_sharded), "--cpu-workers", "2"]) == 0
+    assert "accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, clash", [
+    (["--mode", "param"], "--mode param"),
+    (["--grad-sync", "flat"], "--grad-sync flat"),
+    (["--reduce-dtype", "bf16"], "--reduce-dtype bf16"),
+    (["--max-restarts", "1", "--heal", "on"], "--heal on"),
+])
+def test_zero_with_what_it_cannot_shard_is_one_line(flags, clash, monkeypatch, capsys):
+    line = train_error("--zero", "1", *flags, monkeypatch=monkeypatch, capsys=capsys)
+    assert clash in line and "--zero" in line
+
+
+def test_zero_survives_a_dead_worker_by_restarting_from_its_checkpoint():
+    """No heal in place yet with --zero (a dead rank's shard lives nowhere else): the run restarts."""
+    assert resolve(TrainConfig(zero=2, max_restarts=1))[1].heal_in_place is False
+    assert resolve(TrainConfig(zero=0, max_restarts=1))[1].heal_in_place is True
