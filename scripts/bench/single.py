@@ -193,9 +193,10 @@ def nanogpt_row(steps: int, nanogpt: Path, tokens: Path) -> dict:
             "peak_mb": float(re.search(r"^PEAK_MB ([\d.]+)", out, re.M)[1])}
 
 
-def hf_trainer(variant: str, steps: int, tokens: Path) -> dict:
+def hf_trainer(variant: str, steps: int, tokens: Path, profile: Path | None = None) -> dict:
     """transformers' Trainer on GPT2LMHeadModel(GPT2Config()), the same windows and recipe, in this
-    process: the time from the end of update 10 to the last, synchronised at both ends."""
+    process: the time from the end of update 10 to the last, synchronised at both ends. With
+    ``profile``, updates 11 to 15 are recorded and the clock starts at update 20 instead."""
     import importlib.util
     import torch
     spec = importlib.util.find_spec("datasets")
@@ -203,12 +204,16 @@ def hf_trainer(variant: str, steps: int, tokens: Path) -> dict:
         sys.modules["datasets"] = None      # this checkout's registry, not Hugging Face's: the Trainer would take it for it
     import transformers
     from harness.control.timeline import process_started_at
+    from harness.training.profiling import StepProfiler
     from scripts.bench.hf_tokens import windows
     marks: dict[int, float] = {}
+    start = 20 if profile else 10
+    profiler = StepProfiler(str(profile) if profile else None, 10, 5, torch.device("cuda"))
 
     class Clock(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step in (1, 10, steps):
+            profiler.after(state.global_step)
+            if state.global_step in (1, start, steps):
                 torch.cuda.synchronize()
                 marks[state.global_step] = time.time()
 
@@ -220,7 +225,7 @@ def hf_trainer(variant: str, steps: int, tokens: Path) -> dict:
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
     transformers.Trainer(model=model, args=arguments, train_dataset=windows("train", str(tokens)),
                          callbacks=[Clock()]).train()
-    return {"step_ms": (marks[steps] - marks[10]) / (steps - 10) * 1000, "first_step_s": marks[1] - process_started_at(),
+    return {"step_ms": (marks[steps] - marks[start]) / (steps - start) * 1000, "first_step_s": marks[1] - process_started_at(),
             "peak_mb": torch.cuda.max_memory_reserved() / 2**20}
 
 
@@ -287,7 +292,7 @@ def main() -> None:
         model, variant = args.row
         profile = args.out.resolve() / "profiles" / f"{model}-{variant}" if args.profile else None
         tokens = args.out.resolve() / "tokens"
-        row = hf_trainer(variant, args.steps[model], tokens) if model == "gpt-hf" else \
+        row = hf_trainer(variant, args.steps[model], tokens, profile) if model == "gpt-hf" else \
             plain_gpt(variant, args.steps[model], tokens, profile) if model == "gpt-nanogpt" else \
             plain_resnet50(variant, args.steps[model], profile)
         print(json.dumps(row))
