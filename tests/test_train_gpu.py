@@ -99,3 +99,20 @@ def test_nvjpeg_batches_train_under_the_default_graph(tmp_path, capfd):
                            "--dataset-options", '{"crop": 16, "resize": 20, "decoder": "nvjpeg"}', "--model", "cnn",
                            "--batch-size", "4", "--epochs", "2", "--data-workers", "2")
     assert results[0]["step"] == 2 * (48 // 4) and "running eagerly" not in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("flags", [["--zero", "1"], ["--zero", "2"], ["--zero", "2", "--compile", "--amp", "fp16"]])
+def test_sharded_steps_are_graphed_and_train_as_replicated_eager_ones(tmp_path, capfd, flags):
+    """--zero's reduce-scatter, sharded update and all-gather inside the whole-step CUDA graph (NCCL in a
+    world of one: every bucket one piece), with several buckets (hooks), clipping and accumulation,
+    against the unsharded eager step."""
+    if not has_gpus(1):
+        pytest.skip("needs a CUDA GPU")
+    common = ["--gpus", "0", "--max-steps", "30", "--no-tf32", "--optimizer", "adamw", "--lr", "0.001",
+              "--clip-grad", "0.5", "--grad-accum", "2", "--bucket-mb", "0.05"]
+    run_train(tmp_path, *common, *flags[2:], "--no-cuda-graph", name="replicated")
+    run_train(tmp_path, *common, *flags, name="sharded")
+    assert "running eagerly" not in capfd.readouterr().out
+    replicated, sharded = flat_params(tmp_path / "replicated.pt"), flat_params(tmp_path / "sharded.pt")
+    tolerance = 2e-2 if "--amp" in flags else 1e-6
+    assert (replicated - sharded).norm() <= tolerance * replicated.norm(), (replicated - sharded).abs().max()

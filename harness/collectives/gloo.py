@@ -90,15 +90,9 @@ class GlooCommunicator(Communicator):
         return self._work(self._pg.allgather([chunks], [t.view(-1)]))
 
     def _reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> Work:
-        # gloo has no reduce-scatter for CPU tensors: all-reduce a copy and keep this rank's chunk.
-        full = t.clone()
-        mine = full.view(self.size, -1)[self.rank]
-
-        def keep() -> None:
-            out.view(-1).copy_(mine)
-            if op == "avg":
-                out.div_(self.size)
-        return self._work(self._pg.allreduce([full], _all_reduce_options(op)), keep)
+        options = dist.ReduceScatterOptions()
+        options.reduceOp = _OPS[op]
+        return self._work(self._pg._reduce_scatter_base(out, t, options), self._average(op, out))
 
     def _barrier(self) -> None:
         self._work(self._pg.barrier()).wait()
