@@ -16,6 +16,8 @@ from tests.helpers.training import run_train, train_error
     ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float>", "normalization"),
     ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "matmul"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
+    ("void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*, unsigned int)", "attention"),
+    ("void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*)", "attention"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", "optimizer"),
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication"),
     ("Memcpy HtoD (Pinned -> Device)", "copy"),

@@ -31,7 +31,8 @@ import torch
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("matmul", ("triton_tem", "gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul")),
     ("fused elementwise/reduction", ("triton_",)),
-    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn_generated_fort_native_sdpa")),
+    # cuDNN's attention backward has helper kernels of its own (cudnn::fusion::convert_dq_to_16bits, ...)
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn_generated_fort_native_sdpa", "cudnn::fusion")),
     ("convolution", ("conv", "implicit_gemm", "wgrad", "dgrad", "fprop")),
     ("normalization", ("bn_", "batch_norm", "batchnorm", "layer_norm", "layernorm")),
     ("optimizer", ("multi_tensor", "fused_adam", "fused_sgd", "fusedadam", "fusedsgd")),
