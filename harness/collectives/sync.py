@@ -64,6 +64,22 @@ class Synchroniser:
     def after_step(self, step: int) -> None:
         pass
 
+    def end_of_run(self, step: int) -> None:
+        """After the run's last update (param mode's outer optimizer syncs every fragment)."""
+
+    @contextlib.contextmanager
+    def global_weights(self) -> Iterator[None]:
+        """The weights the group agrees on in the model, for evaluation and a checkpoint's model (the
+        outer optimizer's anchor); here the model's own."""
+        yield
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint needs of this rank beyond the model and rank 0's optimizer state (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take this rank's part of a checkpoint back (what ``state_dict`` gave)."""
+
     def gradient_bytes(self) -> int:
         """What this rank holds for gradients (the flat buffers; a sharded synchroniser adds its own)."""
         return sum(g.nbytes for g in self.flat.grads)

@@ -180,3 +180,15 @@ def _reason(error: Exception) -> str:
     if "WeightsUnpickler error:" in text:
         text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
     return " ".join(text.split()) or type(error).__name__
+
+
+def to_host(value: object) -> object:
+    """``value`` with every tensor in it copied to the host (dicts, lists and tuples followed), as a
+    worker's state travels to rank 0 for a checkpoint (the parent, which relays it, never touches CUDA)."""
+    if torch.is_tensor(value):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_host(v) for v in value)
+    return value

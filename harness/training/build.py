@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from harness.collectives.flat import FlatParameters
+from harness.collectives.compress import make_codec
+from harness.collectives.outer import OuterOptimizer, OuterSynchroniser
 from harness.collectives.shards import ShardedGradients, ShardLayout
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 from harness.data.batch import Batch, call_model
@@ -59,12 +61,20 @@ def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractCo
 
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
-                      optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None) -> Synchroniser:
+                      optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None,
+                      report: Callable[[dict], None] | None = None) -> Synchroniser:
     """A world of one has nothing to average: the base Synchroniser does nothing (no gradient hooks,
     no collectives), so one worker steps as a plain loop does; except with --zero, whose optimizer
-    updates ``shards`` (then a world of one runs the sharded path, one piece a bucket)."""
+    updates ``shards`` (then a world of one runs the sharded path, one piece a bucket), and param mode's
+    outer optimizer (DiLoCo's outer momentum works on one worker too). ``report``: rank 0's outer_sync records."""
     if shards is not None:
         return ShardedGradients(comm, flat, shards, config.zero)
+    if config.outer:
+        nesterov = config.outer_optimizer == "nesterov"
+        outer = OuterOptimizer(config.outer_optimizer, config.outer_lr or (0.7 if nesterov else 1.0),
+                               config.outer_momentum if config.outer_momentum is not None else (0.9 if nesterov else 0.0))
+        return OuterSynchroniser(comm, flat, config.avg_every, outer, make_codec(config.outer_dtype), config.fragments,
+                                 config.outer_delay, report)
     if comm.size == 1:
         return Synchroniser(comm, flat)
     if config.mode == "param":

@@ -46,6 +46,11 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "target_error": (lambda v: 0 <= v <= 1, "must be a fraction in [0, 1]"),
     "amp": (lambda v: v in ("bf16", "fp16"), "must be bf16 or fp16"),
     "zero": (lambda v: v in (0, 1, 2), "must be 0, 1 or 2"),
+    "outer_lr": (lambda v: 0 < v <= 10, "must be in (0, 10]"),
+    "outer_momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "fragments": AT_LEAST_ONE, "outer_delay": NOT_NEGATIVE,
+    "outer_optimizer": (lambda v: v in ("average", "nesterov"), "must be average or nesterov"),
+    "outer_dtype": (lambda v: v in ("fp32", "bf16", "fp16", "int8"), "must be fp32, bf16, fp16 or int8"),
 }
 MAX_LR = 10.0       # above this every optimizer we offer diverges at once
 
@@ -145,6 +150,12 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
     last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart."""
     if not config.max_restarts or config.heal == "off":
         return False
+    if config.outer:
+        if config.heal == "on":
+            raise ConfigError("--heal on: the outer optimizer's state and each worker's progress since the last sync "
+                              "are not handed over yet, so the run restarts from the last checkpoint instead; drop "
+                              "--heal on (save often with --save-every-steps)")
+        return False
     if config.zero:
         if config.heal == "on":
             raise ConfigError(f"--heal on: with --zero {config.zero} a dead worker's shard of the optimizer state is "
@@ -212,6 +223,7 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
                           f"every update: --optimizer {config.optimizer} is not fused, so its rate is not read "
                           f"from the device; use a fused optimizer (sgd, adam, adamw, adagrad) or drop one of them")
     check_zero(config)
+    check_outer(config)
     if config.amp == "fp16" and not fused:
         impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
         raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
@@ -239,6 +251,24 @@ def check_zero(config: TrainConfig) -> None:
     if clash:
         raise ConfigError(f"--zero {config.zero} shards grad mode's gradient buckets over one worker per GPU, "
                           f"which {clash} does not have; drop {clash} or use --zero 0")
+
+
+def check_outer(config: TrainConfig) -> None:
+    """The outer optimizer's flags belong to param mode, and a fragment's exchange lands before its next."""
+    given = [f"--{name.replace('_', '-')}" for name in ("outer_optimizer", "outer_lr", "outer_momentum", "fragments",
+                                                         "outer_delay", "outer_dtype")
+             if getattr(config, name) != getattr(TrainConfig, name)]
+    if given and config.mode != "param":
+        raise ConfigError(f"{', '.join(given)} set what --mode param does every --avg-every updates; add --mode param "
+                          "or drop them")
+    if config.outer_momentum is not None and config.outer_optimizer != "nesterov":
+        raise ConfigError(f"--outer-momentum {config.outer_momentum} is nesterov's; add --outer-optimizer nesterov")
+    if config.fragments > config.avg_every:
+        raise ConfigError(f"--fragments {config.fragments} is more than --avg-every {config.avg_every}: each fragment "
+                          "syncs once every K updates, at its own; use at most K fragments")
+    if config.outer_delay and config.outer_delay >= config.avg_every // config.fragments:
+        raise ConfigError(f"--outer-delay {config.outer_delay} must be under --avg-every / --fragments "
+                          f"({config.avg_every} / {config.fragments}), so a fragment's exchange lands before its next")
 
 
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:

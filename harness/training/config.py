@@ -54,6 +54,12 @@ class TrainConfig:
     mode: str = "grad"                  # grad: average gradients every update; param: parameters
     avg_every: int = 1                  # param mode: average every K updates
     avg_optimizer_state: bool = False   # param mode: average momentum/Adam state too
+    outer_optimizer: str = "average"    # param mode: average (outer SGD at lr 1) or nesterov (DiLoCo)
+    outer_lr: float | None = None       # param mode: the outer learning rate (None: 1 for average, 0.7 for nesterov)
+    outer_momentum: float | None = None  # param mode: nesterov's momentum (None: 0.9)
+    fragments: int = 1                  # param mode: fragments synced at staggered updates (streaming DiLoCo)
+    outer_delay: int = 0                # param mode: updates a fragment's exchange runs under before it applies
+    outer_dtype: str = "fp32"           # param mode: pseudo-gradients sent as fp32, bf16, fp16 or int8
     grad_sync: str = "bucketed"         # grad mode: buckets during backward, or "flat" after it
     bucket_mb: float = 25.0             # grad mode: bucket size in MiB
     reduce_dtype: str = "fp32"          # grad mode: fp32 (the gradients' own) or bf16
@@ -101,6 +107,13 @@ class TrainConfig:
     workers: int = 0                    # how many workers the run has
     samples: int = 0                    # training samples (after the validation split)
     heal_in_place: bool = False         # a dead worker is healed from the survivors (else restart)
+
+    @property
+    def outer(self) -> bool:
+        """Whether param mode runs the outer optimizer (harness/collectives/outer.py) rather than plain
+        averaging (harness/collectives/sync.py's ParameterAveraging, which heals in place)."""
+        return self.mode == "param" and (self.outer_optimizer != "average" or self.fragments > 1 or self.outer_delay > 0
+                                         or self.outer_dtype != "fp32" or self.outer_lr not in (None, 1.0))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types, as a checkpoint stores them."""

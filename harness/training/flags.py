@@ -74,6 +74,21 @@ def _synchronisation(a: Callable[..., Any]) -> None:
       help="grad: average gradients every update (default); param: average parameters every --avg-every updates")
     a("--avg-every", type=int, help="param mode: average parameters every K updates (default 1)")
     a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
+    a("--outer-optimizer", choices=("average", "nesterov"),
+      help="param mode: what every --avg-every K updates do with the averaged pseudo-gradient (the parameters' change "
+           "since the last sync): average (default; outer SGD at lr 1, the parameters' average) or nesterov (DiLoCo: "
+           "outer Nesterov momentum, with --optimizer adamw inside)")
+    a("--outer-lr", type=float, help="param mode: the outer learning rate (default 1 for average, 0.7 for nesterov)")
+    a("--outer-momentum", type=float, help="param mode, nesterov: the outer momentum (default 0.9)")
+    a("--fragments", type=int, metavar="F",
+      help="param mode: sync the parameters in F fragments at staggered updates, 1/F of the model at a time "
+           "(streaming DiLoCo; default 1)")
+    a("--outer-delay", type=int, metavar="D",
+      help="param mode: a fragment's exchange runs under the next D inner updates and is applied then, with the local "
+           "progress made meanwhile (default 0: the inner steps wait for it); D < K/F")
+    a("--outer-dtype", choices=("fp32", "bf16", "fp16", "int8"),
+      help="param mode: pseudo-gradients sent as fp32 (default), bf16 or fp16 (half the bytes) or int8 with a scale "
+           "per 1024 (a quarter), the rounding error carried into the next sync")
     a("--grad-sync", choices=("bucketed", "flat"),
       help="grad mode: all-reduce buckets during backward (default), or the whole flat gradient after it")
     a("--bucket-mb", type=float, help="grad mode: gradient bucket size in MiB (default 25)")

@@ -31,7 +31,7 @@ from harness.collectives.flat import FlatParameters
 from harness.control import timeline
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import evaluation_batches
-from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state
+from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state, to_host
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
@@ -119,6 +119,7 @@ class Worker:
         timeline.mark(self.marks, "model")
         self.comm = ctx.communicator()
         timeline.mark(self.marks, "communicator")
+        self.saved_ranks = saved.get("ranks") if saved else None
         if saved:
             self._restore(saved)
         self.saver = BackgroundSaver()
@@ -167,9 +168,14 @@ class Worker:
         GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their
         step only where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
         config = self.config
-        self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards)
+        self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards,
+                                      report=self.ctx.send if self.lead else None)
         if start:
             self.sync.start()
+        if start and self.saved_ranks:      # each rank's own part of the checkpoint (param mode's outer optimizer)
+            mine = self.saved_ranks[self.rank % len(self.saved_ranks)]
+            self.sync.load_state_dict(mine)
+            load_optimizer_state(self.optimizer, mine["optimizer"])
         ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
             self.scaler.bind(self.optimizer)
@@ -251,6 +257,8 @@ class Worker:
         loss = self.train_step(batch)
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
+        if s.step == self.total:
+            self.sync.end_of_run(s.step)
         self.profiler.after(s.step)
         signum, diverged = self.vote.poll(s.step, loss)
         s.interrupted = s.interrupted or signum
@@ -309,8 +317,9 @@ class Worker:
         failures: list[dict] = []
         batches = evaluation_batches(self.data.val, self.rank, self.world, config.batch_size, self.device,
                                      config.data_workers, failures)
-        totals = torch.tensor(evaluate(self.model, batches, lambda: autocast(config, self.device), self.loss),
-                              dtype=torch.float64, device=self.device)
+        with self.sync.global_weights():
+            totals = torch.tensor(evaluate(self.model, batches, lambda: autocast(config, self.device), self.loss),
+                                  dtype=torch.float64, device=self.device)
         self.bad.add("val", s.step, failures)
         self.comm.all_reduce(totals)
         loss_sum, correct, count, seen = totals.tolist()
@@ -351,14 +360,18 @@ class Worker:
         # as an unsharded optimizer's, whatever --zero: any number of workers resumes it
         optimizer = gather_state(self.optimizer, self.shards, self.comm, self.model) if self.shards is not None \
             else self.optimizer.state_dict() if self.lead else None
-        if self.lead:
-            saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
-            self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": optimizer,
-                                          "epoch": s.epoch, "step": s.step, "position": s.position,
-                                          "rng": generators, "early_stop": (s.best_error, s.stale),
-                                          "loss_scale": scales,
-                                          "config": config.to_dict()},
-                            done=lambda: self.ctx.send(saved))
+        local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
+        ranks = None if local is None else self.ctx.exchange(
+            self.ctx.unique_tag("ranks"), {**local, "optimizer": to_host(self.optimizer.state_dict())})
+        with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
+            if self.lead:
+                saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
+                self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": optimizer,
+                                              "epoch": s.epoch, "step": s.step, "position": s.position,
+                                              "rng": generators, "early_stop": (s.best_error, s.stale),
+                                              "loss_scale": scales, "ranks": ranks,
+                                              "config": config.to_dict()},
+                                done=lambda: self.ctx.send(saved))
         s.saved_at = s.step
 
     def finite(self) -> bool:

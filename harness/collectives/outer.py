@@ -1,0 +1,197 @@
+"""DiLoCo on parameter mode: an outer optimizer over the flat parameters, streamed in fragments,
+overlapped with the inner steps and compressed.
+
+Every worker keeps the parameters of the last synchronisation, the *anchor*. Each worker trains on
+its own (the inner steps, its own optimizer state) and every K updates (``--avg-every``) sends the
+*pseudo-gradient* ``anchor - parameters``; the ranks average it, and the outer optimizer updates the
+anchor with that average, identically on every rank, which every worker then continues from:
+
+    average:  anchor -= lr * delta                                  (lr 1: plain parameter averaging)
+    nesterov: m = momentum * m + delta;  anchor -= lr * (delta + momentum * m)     (DiLoCo: 0.7, 0.9)
+
+Streaming (``fragments`` F, ``delay`` D): the flat buffers are cut into F fragments (slice f of each
+buffer), whose syncs are staggered over the K updates (fragment f at the updates ``f*K/F`` mod K), so
+the link carries a 1/F of the model at a time. A fragment's exchange is launched asynchronously and
+applied D updates later: its new anchor plus the local progress made meanwhile (``parameters -
+parameters at launch``), so the inner steps never wait for the link unless it is slower than D updates.
+
+Compression (``codec``, harness/collectives/compress.py): bf16, fp16 or int8 deltas, with error
+feedback: what rounding took from a delta (``residual``) is added to the next one, so nothing is lost,
+only late. Floating-point buffers (BatchNorm statistics) are averaged when fragment 0 is launched.
+
+What a checkpoint needs for an exact resume is per rank (each worker's parameters and inner optimizer
+state differ between syncs, and so do the residuals): ``state_dict()`` gives this rank's, on the host,
+the anchor and momentum (the same on every rank) included, and exchanges still in flight waited for
+(the worker adds its inner optimizer's state).
+Validation and the checkpoint's model are the anchor (``global_weights``), the model the run agrees on.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .base import Communicator
+from .compress import Codec
+from .flat import FlatParameters
+from .sync import Synchroniser
+
+
+@dataclass
+class OuterOptimizer:
+    """``kind`` average or nesterov, with its learning rate and momentum."""
+    kind: str = "nesterov"
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def step(self, anchor: torch.Tensor, delta: torch.Tensor, momentum: torch.Tensor | None) -> None:
+        if self.kind == "nesterov":
+            momentum.mul_(self.momentum).add_(delta)
+            delta = delta.add(momentum, alpha=self.momentum)
+        anchor.sub_(delta, alpha=self.lr)
+
+
+@dataclass
+class _Exchange:
+    """A fragment's pseudo-gradient on its way: launched after update ``launched``, applied after ``apply_at``."""
+    fragment: int
+    launched: int
+    apply_at: int
+    finish: Callable[[], torch.Tensor]
+    snapshot: list[torch.Tensor] | None        # the fragment's parameters at launch (delay > 0)
+    nbytes: int
+    result: torch.Tensor | None = None
+
+    def average(self) -> torch.Tensor:
+        if self.result is None:
+            self.result = self.finish()
+        return self.result
+
+
+def fragment_slices(sizes: list[int], fragments: int) -> list[list[tuple[int, int, int]]]:
+    """For each fragment, its (buffer, start, stop) in each of the buffers of ``sizes``: slice f of F
+    near-equal slices of every buffer."""
+    return [[(b, size * f // fragments, size * (f + 1) // fragments) for b, size in enumerate(sizes)]
+            for f in range(fragments)]
+
+
+class OuterSynchroniser(Synchroniser):
+    """Parameter mode with an outer optimizer (see the module's docstring). ``every``: K; ``report``: called
+    with each applied sync's "outer_sync" record (rank 0), or None."""
+
+    def __init__(self, comm: Communicator, flat: FlatParameters, every: int, outer: OuterOptimizer, codec: Codec,
+                 fragments: int = 1, delay: int = 0,
+                 report: Callable[[dict], None] | None = None):
+        super().__init__(comm, flat)
+        if not 1 <= fragments <= every or not 0 <= delay < max(1, every // fragments):
+            raise ValueError(f"fragments={fragments}, delay={delay} with every={every}: need 1 <= fragments <= every "
+                             "and 0 <= delay < every / fragments (a fragment's exchange lands before its next one)")
+        self.every, self.outer, self.codec = every, outer, codec
+        self.delay, self.report = delay, report
+        self.slices = fragment_slices([t.numel() for t in flat.params], fragments)
+        self.offsets = [f * every // fragments for f in range(fragments)]
+        self.anchor = [t.detach().clone() for t in flat.params]
+        self.momentum = [torch.zeros_like(t) for t in flat.params] if outer.kind == "nesterov" else None
+        self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params]
+        self.pending: list[_Exchange] = []
+
+    def start(self) -> None:
+        super().start()
+        for anchor, param in zip(self.anchor, self.flat.params):
+            anchor.copy_(param)
+
+    def after_step(self, step: int) -> None:
+        for exchange in [e for e in self.pending if e.apply_at == step]:
+            self._apply(exchange, step)
+        for fragment, offset in enumerate(self.offsets):
+            if step % self.every == offset:
+                self._launch(fragment, step)
+
+    def end_of_run(self, step: int) -> None:
+        """The run's last update: every exchange in flight applied, then every fragment synced, so that
+        the final parameters are the anchor on every rank."""
+        for exchange in list(self.pending):
+            self._apply(exchange, step)
+        for fragment in range(len(self.slices)):
+            if not any(e.fragment == fragment and e.launched == step for e in self.pending):
+                self._launch(fragment, step, delay=0)
+
+    def _views(self, tensors: list[torch.Tensor], fragment: int) -> list[torch.Tensor]:
+        return [tensors[b][start:stop] for b, start, stop in self.slices[fragment]]
+
+    def _launch(self, fragment: int, step: int, delay: int | None = None) -> None:
+        delay = self.delay if delay is None else delay
+        params, anchor = self._views(self.flat.params, fragment), self._views(self.anchor, fragment)
+        residual = self._views(self.residual, fragment)
+        delta = torch.cat([(a - p).float() + r for a, p, r in zip(anchor, params, residual)])
+        payload = self.codec.encode(delta)
+        sent = self.codec.decoded(payload)
+        offset = 0
+        for r in residual:      # error feedback: what the wire did not carry goes with the next delta
+            r.copy_(delta[offset:offset + r.numel()] - sent[offset:offset + r.numel()])
+            offset += r.numel()
+        if fragment == 0:
+            for buffer in self.flat.buffers:
+                self.comm.all_reduce(buffer, op="avg")
+        exchange = _Exchange(fragment, step, step + delay, self.codec.exchange(self.comm, payload),
+                             [p.clone() for p in params] if delay else None, self.codec.nbytes(payload))
+        self.pending.append(exchange)
+        if not delay:
+            self._apply(exchange, step)
+
+    def _apply(self, exchange: _Exchange, step: int) -> None:
+        """The outer step on the fragment's anchor, and the parameters moved to it (plus, when the exchange
+        was in flight, the local progress made since its launch)."""
+        began = time.monotonic()
+        average = exchange.average()
+        blocked = time.monotonic() - began
+        self.pending.remove(exchange)
+        fragment = exchange.fragment
+        momentum = self._views(self.momentum, fragment) if self.momentum is not None else [None] * len(self.slices[fragment])
+        offset = 0
+        for i, (anchor, param) in enumerate(zip(self._views(self.anchor, fragment), self._views(self.flat.params, fragment))):
+            delta = average[offset:offset + anchor.numel()].to(anchor.dtype)
+            offset += anchor.numel()
+            self.outer.step(anchor, delta, momentum[i])
+            if exchange.snapshot is None:
+                param.copy_(anchor)
+            else:
+                param.add_(anchor - exchange.snapshot[i])
+        if self.report is not None:
+            self.report({"event": "outer_sync", "step": step, "launched": exchange.launched, "fragment": fragment,
+                         "blocked_s": blocked, "bytes": exchange.nbytes, "staleness": 0})
+
+    @contextlib.contextmanager
+    def global_weights(self) -> Iterator[None]:
+        """The anchor in the model's parameters, for evaluation or a checkpoint's model; then back."""
+        local = [p.clone() for p in self.flat.params]
+        for param, anchor in zip(self.flat.params, self.anchor):
+            param.copy_(anchor)
+        try:
+            yield
+        finally:
+            for param, mine in zip(self.flat.params, local):
+                param.copy_(mine)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's part of a checkpoint, on the host (exchanges in flight waited for, not applied)."""
+        host = lambda ts: [t.detach().cpu().clone() for t in ts] if ts is not None else None
+        return {"params": host(self.flat.params), "anchor": host(self.anchor), "momentum": host(self.momentum),
+                "residual": host(self.residual),
+                "pending": [(e.fragment, e.launched, e.apply_at, e.average().cpu(), host(e.snapshot), e.nbytes)
+                            for e in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pairs = [(self.flat.params, state["params"]), (self.anchor, state["anchor"]), (self.residual, state["residual"])]
+        if self.momentum is not None:
+            pairs.append((self.momentum, state["momentum"]))
+        for mine, saved in pairs:
+            for t, value in zip(mine, saved):
+                t.copy_(value)
+        device = self.anchor[0].device
+        self.pending = [_Exchange(f, launched, at, lambda: None, None if snap is None else [s.to(device) for s in snap],
+                                  nbytes, result.to(device)) for f, launched, at, result, snap, nbytes in state["pending"]]
+

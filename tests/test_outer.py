@@ -1,0 +1,139 @@
+"""Param mode's outer optimizer (DiLoCo): Nesterov on the averaged pseudo-gradient, fragments synced at
+staggered updates and applied late, compressed deltas with error feedback, exact resume mid-round."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from harness import Parent
+from harness.collectives.compress import Int8Codec, make_codec
+from harness.collectives.flat import FlatParameters
+from harness.collectives.outer import OuterOptimizer, OuterSynchroniser, fragment_slices
+from harness.resilience.checkpoint import load_checkpoint
+from harness.training.metrics import read_metrics
+from tests.helpers.collectives import small_model
+from tests.helpers.runs import interrupt
+from tests.helpers.training import flat_params, run_train, train_error
+
+DILOCO = ["--mode", "param", "--avg-every", "8", "--outer-optimizer", "nesterov", "--optimizer", "adamw",
+          "--lr", "1e-3"]
+
+
+def two_outer_steps(ctx) -> tuple:
+    """Each rank moves its parameters by its own amount, twice, each time followed by an outer sync
+    (K = 1, nesterov 0.7 / 0.9); returns the parameters after each sync."""
+    model = small_model()
+    flat = FlatParameters(model)
+    sync = OuterSynchroniser(ctx.communicator(), flat, 1, OuterOptimizer("nesterov", 0.7, 0.9), make_codec("fp32"))
+    sync.start()
+    after = []
+    for step, move in ((1, 0.1), (2, -0.05)):
+        flat.params[0].add_(move * (ctx.rank + 1))
+        sync.after_step(step)
+        after.append(flat.params[0].clone())
+    return after
+
+
+def test_outer_nesterov_matches_the_hand_computed_update_for_two_syncs():
+    with Parent() as parent:
+        pair = parent.fork(2)
+        pair.exec(two_outer_steps)
+        (first, second), other = pair.wait()
+    assert all(torch.equal(a, b) for a, b in zip((first, second), other))     # every rank holds the anchor
+    start = FlatParameters(small_model()).params[0]
+    # round 1: the ranks moved by 0.1 and 0.2, so the averaged delta (anchor - params) is -0.15 everywhere
+    delta1 = torch.full_like(start, -0.15)
+    m1 = delta1
+    anchor1 = start - 0.7 * (delta1 + 0.9 * m1)
+    # round 2: from anchor1, moved by -0.05 and -0.1: delta +0.075
+    delta2 = torch.full_like(start, 0.075)
+    m2 = 0.9 * m1 + delta2
+    anchor2 = anchor1 - 0.7 * (delta2 + 0.9 * m2)
+    torch.testing.assert_close(first, anchor1, rtol=0, atol=1e-6)
+    torch.testing.assert_close(second, anchor2, rtol=0, atol=1e-6)
+
+
+def exchanged(ctx) -> dict:
+    """Each codec's average of two ranks' vectors."""
+    x = torch.linspace(-1, 1, 3000) * (ctx.rank + 1)
+    comm = ctx.communicator()
+    return {name: make_codec(name).exchange(comm, make_codec(name).encode(x))() for name in ("fp32", "bf16", "int8")}
+
+
+def test_every_codec_averages_over_the_ranks_to_within_its_rounding():
+    with Parent() as parent:
+        pair = parent.fork(2)
+        pair.exec(exchanged)
+        results = pair.wait()
+    truth = torch.linspace(-1, 1, 3000) * 1.5
+    for name, tolerance in (("fp32", 1e-7), ("bf16", 1e-2), ("int8", 2 / 127)):
+        assert torch.equal(results[0][name], results[1][name]), name
+        assert (results[0][name] - truth).abs().max() <= tolerance, name
+
+
+def test_int8_error_feedback_keeps_the_sum_sent_within_one_quantum_of_the_true_sum():
+    codec, generator = Int8Codec(), torch.Generator().manual_seed(0)
+    residual, true_sum, sent_sum = torch.zeros(5000), torch.zeros(5000), torch.zeros(5000)
+    for _ in range(50):
+        delta = torch.randn(5000, generator=generator) * 0.01
+        x = delta + residual
+        payload = codec.encode(x)
+        sent = codec.decoded(payload)
+        residual = x - sent
+        true_sum += delta
+        sent_sum += sent
+        quantum = payload[1].repeat_interleave(1024)[:5000]
+    assert ((true_sum - sent_sum).abs() <= quantum / 2 + 1e-7).all()
+    assert (true_sum - sent_sum).abs().max() > 0        # int8 does round: the feedback is doing the work
+
+
+@pytest.mark.parametrize("fragments", [1, 3, 4])
+def test_fragments_cover_every_parameter_exactly_once_per_round(fragments):
+    sizes, every = [1000, 37, 5], 12
+    slices = fragment_slices(sizes, fragments)
+    for buffer, size in enumerate(sizes):
+        covered = torch.zeros(size, dtype=torch.int32)
+        for fragment in slices:
+            for b, start, stop in fragment:
+                if b == buffer:
+                    covered[start:stop] += 1
+        assert torch.equal(covered, torch.ones(size, dtype=torch.int32))
+    offsets = [f * every // fragments for f in range(fragments)]
+    launches = [sum(1 for step in range(1 + r * every, 1 + (r + 1) * every) if step % every == offset)
+                for r in range(3) for offset in offsets]
+    assert launches == [1] * (3 * fragments)
+
+
+def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_ends_bit_for_bit(tmp_path):
+    """The stop vote stops at a multiple of 4 updates, where a fragment's int8 exchange (fragments at
+    updates 0 and 4 mod 8, applied 2 later) has just been launched: it is in the checkpoint."""
+    flags = [*DILOCO, "--fragments", "2", "--outer-delay", "2", "--outer-dtype", "int8", "--max-steps", "400",
+             "--batch-size", "8"]
+    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
+    assert [p[:3] for p in load_checkpoint(checkpoint)["ranks"][0]["pending"]] == [(step % 8 // 4, step, step + 2)]
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
+    assert torch.equal(flat_params(straight), flat_params(resumed))
+    syncs = [r for r in read_metrics(tmp_path / "straight" / "metrics.jsonl") if r["event"] == "outer_sync"]
+    assert [(r["launched"], r["step"], r["fragment"]) for r in syncs[:3]] == [(4, 6, 1), (8, 10, 0), (12, 14, 1)]
+    assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 and r["staleness"] == 0 for r in syncs)
+
+
+def test_diloco_trains_and_ends_with_every_worker_on_the_anchor(tmp_path):
+    results, path = run_train(tmp_path, *DILOCO, "--epochs", "2", name="diloco")
+    assert len({r["checksum"] for r in results}) == 1
+    epochs = [r for r in read_metrics(tmp_path / "diloco" / "metrics.jsonl") if r["event"] == "epoch"]
+    assert epochs[-1]["val_error"] < 0.5
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--outer-optimizer", "nesterov"], "add --mode param"),
+    (["--mode", "param", "--avg-every", "4", "--fragments", "5"], "at most K fragments"),
+    (["--mode", "param", "--avg-every", "8", "--fragments", "2", "--outer-delay", "4"], "--outer-delay 4 must be under"),
+    (["--mode", "param", "--outer-momentum", "0.5"], "add --outer-optimizer nesterov"),
+    (["--mode", "param", "--outer-optimizer", "nesterov", "--max-restarts", "1", "--heal", "on"], "--heal on"),
+])
+def test_outer_flags_that_cannot_work_are_one_line(flags, message, monkeypatch, capsys):
+    assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
