@@ -48,3 +48,21 @@ def test_each_child_sees_only_its_gpu_as_cuda0(monkeypatch):
         seen = kids.wait()
     assert seen == [("7", "7", "cuda:0", "yes"), ("7", "7", "cuda:0", "yes"),
                     ("9", "9", "cuda:0", "yes"), ("9", "9", "cuda:0", "yes")]
+
+
+def test_gpu_children_grow_allocator_segments_unless_the_user_configures_the_allocator(monkeypatch):
+    from harness.control.spawn import environment
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+
+    def child(gpu, remote=False, **run):
+        return environment(0, 1, gpu, ("localhost", 0, 1), remote, run, 30.0)
+
+    assert child(0)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert child(0, remote=True)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in child(None)                 # CPU children: nothing to configure
+    assert child(0, PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128")["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in child(0)
+    assert child(0)["PYTORCH_ALLOC_CONF"] == "expandable_segments:False"

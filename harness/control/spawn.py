@@ -75,7 +75,8 @@ class ChildProcess:
 
 def environment(rank: int, n: int, gpu: int | None, place: tuple[str, int, int], remote: bool,
                 run: Mapping[str, str], heartbeat_timeout: float) -> dict[str, str]:
-    """Child ``rank``'s environment: the parent's, its GPU and thread count, the ``run``'s settings
+    """Child ``rank``'s environment: the parent's, its GPU, thread count and (on a GPU) the caching
+    allocator's settings (placement.allocator_environment), the ``run``'s settings
     (endpoint, key, preloads, the user's extra variables) and its place among the ``n``. A remote child
     (``place`` = host, index on host, children on host) watches the parent's heartbeats; a local one
     watches the parent's pid."""
@@ -85,6 +86,8 @@ def environment(rank: int, n: int, gpu: int | None, place: tuple[str, int, int],
     env.update(placement.child_environment(None if remote else gpu, max(1, (os.cpu_count() or 1) // on_host)))
     if remote:      # this machine cannot see the host's GPUs: the index is the host's own
         env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+    if gpu is not None:
+        env.update(placement.allocator_environment(env))
     env.update(run)
     env.update({
         "HARNESS_RANK": str(rank),
