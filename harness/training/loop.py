@@ -190,6 +190,8 @@ class Worker:
             self.model, self.compute, self.optimizer, self.flat, self.sync, lambda: autocast(config, self.device), graph,
             example=self.example, say=lambda message: self.ctx.print(message) if self.lead else None,
             clip=config.clip_grad, accum=config.grad_accum, ticket=ticket, scaler=self.scaler)
+        # a graph's own inputs are the example of a later capture (a heal's): the first batch is not held as well
+        self.example = getattr(self.train_step, "batch", self.example)
 
     def train(self) -> dict:
         """Epoch after epoch until the run's length or a stop; a failed collective heals the group (when
