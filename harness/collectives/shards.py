@@ -20,7 +20,8 @@ One update (``ShardedGradients``):
 4. ``after_update`` all-gathers every bucket's pieces back into the flat parameters, in place.
 
 Stage 1 keeps the full flat gradient buffer: autograd accumulates into it, --grad-accum's micro-batches
-too, and only the last one is reduced (``no_sync``). Stage 2 has none: when a bucket is full its
+too, and only the last one is reduced (``no_sync``), in place: this rank's piece of the gradient is its
+range of the flat buffer. Stage 2 has none: when a bucket is full its
 gradients are copied into a staging buffer and released (``param.grad = None``) before the
 reduce-scatter, and with --grad-accum every micro-batch is reduced and the pieces accumulate. What stays
 of the gradients is this rank's pieces plus one bucket of staging: a bucket is copied in once the
@@ -83,7 +84,10 @@ class ShardLayout:
                 offsets = [offset[id(p)] for p in group]
                 start, stop = min(offsets), max(o + p.numel() for o, p in zip(offsets, group))
                 self.buckets.append(ShardBucket(segment, group, offsets, start, stop, -(-(stop - start) // size), size))
-        self.grads = [torch.zeros(b.piece, dtype=b.segment.params.dtype, device=b.segment.params.device)
+        # Where the flat gradients exist (stage 1) this rank's piece of them is reduced in place; else
+        # (stage 2) each bucket's piece is a buffer of its own.
+        self.grads = [b.segment.grads[slice(*b.owned(rank))] if b.segment.grads is not None else
+                      torch.zeros(b.piece, dtype=b.segment.params.dtype, device=b.segment.params.device)
                       for b in self.buckets]
         self.pieces: list[torch.nn.Parameter] = []
         self.piece_buckets: list[int] = []        # the bucket of each piece
@@ -196,17 +200,20 @@ class ShardedGradients(GradientAveraging):
             slot.pending = pending
 
     def _reduce(self, index: int) -> None:
-        """Reduce-scatter bucket ``index``'s gradient into this rank's piece of it."""
-        bucket, piece = self.layout.buckets[index], self.layout.grads[index]
+        """Reduce-scatter bucket ``index``'s gradient into this rank's piece of it. In place (the output is
+        this rank's chunk of the input), except stage 2's first micro-batch, which goes straight into the
+        piece; then a staged chunk is copied to the piece (stage 1, padded) or added to it (stage 2)."""
+        bucket, piece, rank = self.layout.buckets[index], self.layout.grads[index], self.layout.rank
         slot = self._slot() if self.stage == 2 or bucket.padded else None
         source = self._stage(bucket, slot) if self.stage == 2 else self._padded(bucket, slot)
-        if self.stage == 2 and self._micro:     # a later micro-batch: reduced in place, then added to the piece
-            rank = self.layout.rank
-            received = source[rank * bucket.piece:(rank + 1) * bucket.piece]
-            work = self.comm.reduce_scatter(received, source, op="avg", async_op=self.order.hooked)
-            self._keep(_Pending(work, lambda: piece.add_(received)), slot)
-        else:
-            self._keep(_Pending(self.comm.reduce_scatter(piece, source, op="avg", async_op=self.order.hooked)), slot)
+        mine = source[rank * bucket.piece:(rank + 1) * bucket.piece]
+        if self.stage == 2 and not self._micro:
+            mine, then = piece, lambda: None
+        elif self.stage == 2:
+            then = lambda: piece.add_(mine)
+        else:       # stage 1: ``mine`` is the piece itself, or its padded copy in the slot
+            then = (lambda: piece.copy_(mine[:piece.numel()])) if slot is not None else (lambda: None)
+        self._keep(_Pending(self.comm.reduce_scatter(mine, source, op="avg", async_op=self.order.hooked), then), slot)
 
     def _padded(self, bucket: ShardBucket, slot: _Slot | None) -> torch.Tensor:
         """Stage 1: the bucket's view of the flat gradients, or a padded copy of it."""
@@ -239,7 +246,7 @@ class ShardedGradients(GradientAveraging):
         self.reset()
 
     def update_grads(self) -> list[torch.Tensor]:
-        return self.layout.grads
+        return [g for g in self.layout.grads if g.numel()]
 
     def combine(self, value: torch.Tensor, op: str) -> None:
         self.comm.all_reduce(value, op=op)
@@ -265,7 +272,8 @@ class ShardedGradients(GradientAveraging):
 
     def gradient_bytes(self) -> int:
         staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())
-        return super().gradient_bytes() + sum(g.nbytes for g in self.layout.grads) + staging
+        pieces = sum(g.nbytes for g in self.layout.grads) if self.stage == 2 else 0    # stage 1's are the flat ones
+        return super().gradient_bytes() + pieces + staging
 
     def close(self) -> None:
         self.order.close()
