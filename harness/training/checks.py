@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.launch.cluster import check_start, detect
 from harness.launch.launchers import make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
 from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig
@@ -84,6 +86,7 @@ def plan_workers(config: TrainConfig) -> tuple[list[int], TrainConfig]:
     first): (the GPUs of each host, the config with ``workers`` and ``workers_per_gpu`` decided)."""
     for name in ("cpu_workers", "workers_per_gpu", "heartbeat_timeout", "max_restarts"):
         check_field(config, name)
+    config = check_cluster(config)
     if config.launcher != "local":
         gpus, config = _remote_plan(config)
     else:
@@ -102,6 +105,19 @@ def plan_workers(config: TrainConfig) -> tuple[list[int], TrainConfig]:
     if config.heal == "on" and not config.max_restarts:
         raise ConfigError("--heal on needs --max-restarts N (how many failures the run may survive), e.g. 3")
     return gpus, config.replace(heal_in_place=heals_in_place(config, gpus))
+
+
+def check_cluster(config: TrainConfig) -> TrainConfig:
+    """Started by an engine (harness/launch/cluster.py): one process on one node, and after the engine
+    restarted the job, a resume from the checkpoint the run was writing."""
+    try:
+        start = detect(os.environ, config.cluster)
+        check_start(start)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if start and start.restart_count and config.save and not config.resume and Path(config.save).exists():
+        return config.replace(resume=config.save)
+    return config
 
 
 def _remote_plan(config: TrainConfig) -> tuple[list[int], TrainConfig]:

@@ -50,6 +50,7 @@ class TrainConfig:
     encrypt: bool = False               # remote workers: CurveZMQ on the control plane
     mps: bool = False                   # a private NVIDIA MPS daemon for the run
     heartbeat_timeout: float = 30.0     # seconds of silence before a worker counts as hung
+    cluster: str = "auto"               # the engine that started this process: auto-detected, none, or its name
     # -- synchronisation
     mode: str = "grad"                  # grad: average gradients every update; param: parameters
     avg_every: int = 1                  # param mode: average every K updates

@@ -9,11 +9,13 @@ the group from the last checkpoint, ``max_restarts`` times in all (harness/resil
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Iterator
 
 from harness.control import timeline
+from harness.launch.cluster import detect
 from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
@@ -46,8 +48,10 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     with own_outputs(config), workers(config, gpus) as kids:
         timeline.mark(marks, "forked")
         config = check_inputs(check_flags(config, gpus))
+        start = detect(os.environ, config.cluster)
         print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
-              f"{where(config, gpus, kids)}, mode {config.mode}")
+              f"{where(config, gpus, kids)}, mode {config.mode}" + (f"; {start.describe()}" if start else "")
+              + (f"; resuming {config.resume}" if start and start.restart_count and config.resume else ""))
         timeline.mark(marks, "checked")
         import_plotting_meanwhile()
         return train(config, gpus, marks, interrupts, started=kids)
@@ -115,6 +119,9 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
+    start = detect(os.environ, config.cluster)
+    if start is not None:
+        log.write({"time": time.time(), **start.record()})
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
                         progress.handle)

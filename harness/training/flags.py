@@ -64,6 +64,11 @@ def _workers(a: Callable[..., Any]) -> None:
     a("--encrypt", action="store_true",
       help="remote workers: encrypt the control plane with CurveZMQ (it is always signed), for a network "
            "others can listen on")
+    a("--cluster", choices=("auto", "none", "torchrun", "kubeflow", "slurm", "mpi", "sagemaker", "skypilot"),
+      help="the engine that started this process (torchrun, Kubeflow, a Slurm job step, mpirun, SageMaker, "
+           "SkyPilot): auto (default) detects it from its variables, none turns detection off. Started by one, "
+           "Train.py runs as that node's parent, once per node (--nproc-per-node 1), one node so far; when the "
+           "engine restarts the job, it resumes from --save by itself")
     a("--mps", action="store_true",
       help="start a private NVIDIA MPS daemon for the run (pipe and log dirs in --log-dir), so workers "
            "sharing a GPU run their kernels concurrently; stopped at the end")

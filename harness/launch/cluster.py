@@ -1,0 +1,146 @@
+"""Which engine started this process, if any: torchrun, Kubeflow, a Slurm job step, MPI, SageMaker, SkyPilot.
+
+These engines start the same command on every node and say who each process is through environment
+variables. Train.py starts its own workers (one per GPU, or --cpu-workers), so it must run once per node,
+and today on one node: it becomes that node's parent. Runs that span nodes started by an engine need
+node agents (the other nodes' processes joining node 0's parent), which are not built yet; they are
+refused with the way to run such a job today (--launcher ssh or slurm from one node).
+
+Detection goes in a fixed order, the first match wins, and it looks for what only a start by that
+engine sets, so that none is mistaken for another (the peers' trackers show each of these mistakes):
+
+1. torchrun: ``TORCHELASTIC_RUN_ID`` (also inside a Slurm step or a pod: the process is torchrun's).
+2. Kubeflow Trainer v2: ``PET_NNODES`` and ``PET_NODE_RANK``.
+3. Kubeflow PyTorchJob: ``KUBERNETES_SERVICE_HOST`` with ``MASTER_ADDR``, ``WORLD_SIZE`` and ``RANK``
+   (the pod's index, not a process rank); ``KUBERNETES_PORT`` alone is any pod, not a start.
+4. Slurm: ``SLURM_STEP_ID`` with ``SLURM_PROCID``: a task of a job step; an allocation without a
+   step (``salloc``'s shell, the batch script itself, whichever step id Slurm gives them) is not a start.
+5. MPI: Open MPI's ``OMPI_COMM_WORLD_SIZE``, or PMI's ``PMI_SIZE`` (MPICH, Intel MPI).
+6. SageMaker: ``SM_HOSTS`` and ``SM_CURRENT_HOST``.
+7. SkyPilot: ``SKYPILOT_NODE_RANK`` and ``SKYPILOT_NODE_IPS``.
+
+``--cluster none`` turns detection off; ``--cluster NAME`` insists on that engine (and fails where its
+variables are missing).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+# Slurm's step ids of a job's batch script, its interactive step and its external step (slurm.h's
+# SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP, SLURM_EXTERN_CONT): the job's own shell, not a task srun started.
+SLURM_SPECIAL_STEPS = ("4294967294", "4294967291", "4294967295")
+ENGINES = ("torchrun", "kubeflow", "slurm", "mpi", "sagemaker", "skypilot")
+CHOICES = ("auto", "none", *ENGINES)
+
+
+@dataclass(frozen=True)
+class ClusterStart:
+    """What an engine said about this process: ``node_rank`` of ``nodes``, how many processes it started
+    on each node, and how often it has restarted the job."""
+    engine: str
+    node_rank: int
+    nodes: int
+    per_node: int = 1
+    restart_count: int = 0
+
+    def record(self) -> dict:
+        """metrics.jsonl's "cluster" record."""
+        return {"event": "cluster", "engine": self.engine, "node_rank": self.node_rank, "nodes": self.nodes,
+                "restart_count": self.restart_count}
+
+    def describe(self) -> str:
+        return f"started by {self.engine}: node {self.node_rank} of {self.nodes}, restart {self.restart_count}"
+
+
+def _int(env: Mapping[str, str], name: str, default: int = 0) -> int:
+    return int(env.get(name, default))
+
+
+def _torchrun(env: Mapping[str, str]) -> ClusterStart | None:
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return None
+    per_node = _int(env, "LOCAL_WORLD_SIZE", 1)
+    nodes = _int(env, "GROUP_WORLD_SIZE", 0) or _int(env, "WORLD_SIZE", per_node) // per_node
+    return ClusterStart("torchrun", _int(env, "GROUP_RANK"), nodes, per_node, _int(env, "TORCHELASTIC_RESTART_COUNT"))
+
+
+def _kubeflow(env: Mapping[str, str]) -> ClusterStart | None:
+    if "PET_NNODES" in env and "PET_NODE_RANK" in env:        # Trainer v2 (and PyTorchJob's elastic mode)
+        nodes = env["PET_NNODES"].split(":")[-1]               # "2" or an elastic "1:4"
+        return ClusterStart("kubeflow", _int(env, "PET_NODE_RANK"), int(nodes), _int(env, "PET_NPROC_PER_NODE", 1))
+    if "KUBERNETES_SERVICE_HOST" in env and all(k in env for k in ("MASTER_ADDR", "WORLD_SIZE", "RANK")):
+        return ClusterStart("kubeflow", _int(env, "RANK"), _int(env, "WORLD_SIZE"))
+    return None
+
+
+def _slurm(env: Mapping[str, str]) -> ClusterStart | None:
+    if "SLURM_STEP_ID" not in env or "SLURM_PROCID" not in env or env["SLURM_STEP_ID"] in SLURM_SPECIAL_STEPS:
+        return None
+    nodes = _int(env, "SLURM_STEP_NUM_NODES", 0) or _int(env, "SLURM_NNODES", 1)
+    tasks = _int(env, "SLURM_STEP_NUM_TASKS", 0) or _int(env, "SLURM_NTASKS", nodes)
+    return ClusterStart("slurm", _int(env, "SLURM_NODEID"), nodes, -(-tasks // nodes), _int(env, "SLURM_RESTART_COUNT"))
+
+
+def _mpi(env: Mapping[str, str]) -> ClusterStart | None:
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        per_node = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+        return ClusterStart("mpi", _int(env, "OMPI_COMM_WORLD_NODE_RANK", _int(env, "OMPI_COMM_WORLD_RANK") // per_node),
+                            _int(env, "OMPI_COMM_WORLD_SIZE") // per_node, per_node)
+    if "PMI_SIZE" in env:
+        per_node = _int(env, "MPI_LOCALNRANKS", 1)
+        return ClusterStart("mpi", _int(env, "PMI_RANK") // per_node, _int(env, "PMI_SIZE") // per_node, per_node)
+    return None
+
+
+def _sagemaker(env: Mapping[str, str]) -> ClusterStart | None:
+    if "SM_HOSTS" not in env or "SM_CURRENT_HOST" not in env:
+        return None
+    hosts = json.loads(env["SM_HOSTS"])
+    return ClusterStart("sagemaker", hosts.index(env["SM_CURRENT_HOST"]), len(hosts))
+
+
+def _skypilot(env: Mapping[str, str]) -> ClusterStart | None:
+    if "SKYPILOT_NODE_RANK" not in env or "SKYPILOT_NODE_IPS" not in env:
+        return None
+    return ClusterStart("skypilot", _int(env, "SKYPILOT_NODE_RANK"), len(env["SKYPILOT_NODE_IPS"].split()))
+
+
+DETECTORS: dict[str, Callable[[Mapping[str, str]], ClusterStart | None]] = {
+    "torchrun": _torchrun, "kubeflow": _kubeflow, "slurm": _slurm, "mpi": _mpi, "sagemaker": _sagemaker,
+    "skypilot": _skypilot}
+
+
+def detect(env: Mapping[str, str], cluster: str = "auto") -> ClusterStart | None:
+    """The engine that started this process (in the module's order), or None; ``cluster``: "auto", "none"
+    or an engine's name, whose variables must then be there."""
+    if cluster not in CHOICES:
+        raise ValueError(f"--cluster {cluster}: choose one of {', '.join(CHOICES)}")
+    if cluster == "none":
+        return None
+    if cluster != "auto":
+        found = DETECTORS[cluster](env)
+        if found is None:
+            raise ValueError(f"--cluster {cluster}: this process was not started by {cluster} (its variables are "
+                             "not set); use --cluster auto, or none for a plain start")
+        return found
+    return next((found for detector in DETECTORS.values() if (found := detector(env)) is not None), None)
+
+
+def check_start(start: ClusterStart | None) -> None:
+    """What Train.py can do under an engine today: one process on one node (it starts the workers)."""
+    if start is None:
+        return
+    if start.per_node > 1:
+        raise ValueError(f"{start.engine} started {start.per_node} processes on this node; Train.py starts one worker "
+                         f"per GPU itself, so start one process per node ({_one_per_node(start.engine)})")
+    if start.nodes > 1:
+        raise ValueError(f"{start.engine} started Train.py on {start.nodes} nodes; a run spanning nodes that an "
+                         "engine starts is not supported yet: start it from one node with --launcher ssh --hosts ... "
+                         "(or --launcher slurm inside an allocation), or give the job one node")
+
+
+def _one_per_node(engine: str) -> str:
+    return {"torchrun": "torchrun --nproc-per-node 1", "slurm": "srun --ntasks-per-node 1",
+            "mpi": "mpirun --npernode 1 (Open MPI) or -ppn 1", "kubeflow": "nprocPerNode: 1"}.get(engine, "one per node")

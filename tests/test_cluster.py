@@ -1,0 +1,114 @@
+"""Started by an engine: each one's recorded environment detected as it, the known false positives
+not, one process per node and one node enforced with the fix named, and a real torchrun start."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.launch.cluster import ClusterStart, check_start, detect
+from harness.training.checks import resolve
+from harness.training.config import ConfigError, TrainConfig
+from harness.training.metrics import read_metrics
+from tests.helpers import ROOT
+
+# What each engine sets for the process it starts, as its source sets it (trimmed to what matters):
+# torch/distributed/elastic/agent/server/local_elastic_agent.py, kubeflow/trainer (v1 PyTorchJob's
+# SetPodEnv, v2's torch plugin: PET_*), Slurm's srun, Open MPI's and MPICH's launchers, SageMaker, SkyPilot.
+RECORDED = {
+    "torchrun": ({"TORCHELASTIC_RUN_ID": "none", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                  "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                  "TORCHELASTIC_RESTART_COUNT": "2"}, ClusterStart("torchrun", 0, 1, 1, 2)),
+    "pytorchjob": ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+                    "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2",
+                    "PYTHONUNBUFFERED": "1"}, ClusterStart("kubeflow", 2, 3)),
+    "trainjob": ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+                  "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"},
+                 ClusterStart("kubeflow", 1, 2)),
+    "slurm": ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
+               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NODELIST": "node[0-1]"},
+              ClusterStart("slurm", 1, 2)),
+    "openmpi": ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_NODE_RANK": "1"}, ClusterStart("mpi", 1, 2, 2)),
+    "mpich": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"},
+              ClusterStart("mpi", 1, 2)),
+    "sagemaker": ({"SM_HOSTS": json.dumps(["algo-1", "algo-2"]), "SM_CURRENT_HOST": "algo-2"},
+                  ClusterStart("sagemaker", 1, 2)),
+    "skypilot": ({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2\n10.0.0.3", "SKYPILOT_NUM_NODES": "3"},
+                 ClusterStart("skypilot", 0, 3)),
+}
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_each_engine_is_detected_from_what_it_sets(name):
+    env, expected = RECORDED[name]
+    assert detect(env) == expected
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"KUBERNETES_PORT": "tcp://10.96.0.1:443", "KUBERNETES_SERVICE_HOST": "10.96.0.1"}, None),    # any pod
+    ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[0-1]"}, None),         # salloc's shell
+    ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "3", "SLURM_STEP_ID": "4294967294", "SLURM_PROCID": "0"}, None),  # sbatch's
+    ({**RECORDED["slurm"][0], **RECORDED["torchrun"][0]}, "torchrun"),                              # torchrun in srun
+    ({"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": "2", "RANK": "0"}, None),                           # a user's own
+])
+def test_what_is_not_an_engine_start_is_not_taken_for_one(env, expected):
+    found = detect(env)
+    assert (found.engine if found else None) == expected
+
+
+def test_cluster_none_turns_detection_off_and_a_named_engine_must_be_there():
+    assert detect(RECORDED["torchrun"][0], "none") is None
+    assert detect(RECORDED["slurm"][0], "slurm").engine == "slurm"
+    with pytest.raises(ValueError, match="--cluster slurm: this process was not started by slurm"):
+        detect(RECORDED["torchrun"][0] | {"SLURM_STEP_ID": "0"}, "slurm")
+
+
+def test_more_than_one_process_per_node_or_more_than_one_node_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"torchrun started 8 processes.*torchrun --nproc-per-node 1"):
+        check_start(ClusterStart("torchrun", 0, 1, 8))
+    with pytest.raises(ValueError, match=r"on 2 nodes.*--launcher ssh"):
+        check_start(ClusterStart("slurm", 1, 2))
+    check_start(ClusterStart("kubeflow", 0, 1))
+
+
+def test_a_restarted_job_resumes_from_the_checkpoint_it_was_writing(tmp_path, monkeypatch):
+    save = tmp_path / "model.pt"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for name, value in {**RECORDED["torchrun"][0], "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert resolve(TrainConfig(save=str(save)))[1].resume is None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert resolve(TrainConfig(save=str(save)))[1].resume is None          # nothing saved yet: a fresh start
+    save.write_bytes(b"")
+    assert resolve(TrainConfig(save=str(save)))[1].resume == str(save)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="--nproc-per-node 1"):
+        resolve(TrainConfig(save=str(save)))
+
+
+def torchrun(tmp_path, per_node: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
+         str(per_node), str(ROOT / "Train.py"), "--max-steps", "5", "--save", str(tmp_path / "model.pt"),
+         "--log-dir", str(tmp_path / "logs")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_train_py_under_torchrun_is_that_node_s_parent(tmp_path):
+    done = torchrun(tmp_path, 1)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "started by torchrun: node 0 of 1, restart 0" in done.stdout
+    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    assert {"event": "cluster", "engine": "torchrun", "node_rank": 0, "nodes": 1, "restart_count": 0}.items() \
+        <= next(r for r in records if r["event"] == "cluster").items()
+    assert next(r for r in records if r["event"] == "done")["step"] == 5
+
+
+def test_torchrun_with_two_processes_a_node_is_refused_naming_the_flag(tmp_path):
+    done = torchrun(tmp_path, 2)
+    assert done.returncode != 0
+    assert "torchrun started 2 processes on this node" in done.stderr and "--nproc-per-node 1" in done.stderr
