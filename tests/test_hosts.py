@@ -59,14 +59,17 @@ def six_local_workers(tmp_path_factory):
 
 
 class Job:
-    """Train.py with ``flags`` submitted with sbatch on the three nodes, ``per_node`` tasks each: the
-    batch script, and so the parent, runs on node0; its output goes to ``directory``/slurm.out.
+    """Train.py with ``flags`` submitted with sbatch on ``nodes`` nodes, ``per_node`` tasks each: the
+    batch script, and so the parent, runs on node0 with ``--launcher slurm``; or with ``step``, the
+    script's srun starts Train.py itself, one task per node. Its output goes to ``directory``/slurm.out.
     (Polled with scontrol: ``sbatch --wait`` sleeps up to half a minute between its own polls.)"""
 
-    def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2):
+    def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2, nodes: int = 3,
+                 step: bool = False):
         self.env, self.output = {**os.environ, **slurm}, directory / "slurm.out"
-        command = " ".join([sys.executable, str(ROOT / "Train.py"), "--launcher", "slurm", *flags])
-        self.id = subprocess.run(["sbatch", "--parsable", "--nodes=3", f"--ntasks-per-node={per_node}",
+        train = [sys.executable, str(ROOT / "Train.py"), *([] if step else ["--launcher", "slurm"]), *flags]
+        command = " ".join(([f"srun --ntasks-per-node={per_node}"] if step else []) + train)
+        self.id = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
                                   f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
                                  env=self.env, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -253,6 +256,21 @@ def test_slurm_allocations_are_read_from_their_environment():
         slurm_hosts({"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "8"})
     with pytest.raises(ValueError, match="run inside a Slurm allocation"):
         slurm_hosts({})
+
+
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_train_started_by_an_srun_step_is_its_node_s_parent_one_task_a_node(hosts, slurm, tmp_path, per_node):
+    """Slurm starts Train.py itself (an sbatch script's srun): one task on one node trains that node's
+    CPU workers and says who started it; two tasks on the node are refused, naming srun's flag."""
+    job = Job(slurm, tmp_path, "--max-steps", "10", "--save", str(tmp_path / "step.pt"), "--log-dir",
+              str(tmp_path / "logs"), per_node=per_node, nodes=1, step=True)
+    status, output = job.wait(240), job.output.read_text()
+    if per_node == 1:
+        assert status == 0, output
+        assert "started by slurm: node 0 of 1, restart 0" in output
+        assert torch.load(tmp_path / "step.pt", weights_only=False)["step"] == 10
+    else:
+        assert status != 0 and "slurm started 2 processes on this node" in output and "--ntasks-per-node 1" in output
 
 
 def test_slurm_starts_each_child_with_an_srun_step_on_its_node(tmp_path, monkeypatch):
