@@ -16,6 +16,7 @@ results worth keeping go to bench/results/DATE-DEVICE-WHAT/ with a README.md giv
     data              the input pipelines against a GPU-resident ceiling and torchrun's DataLoader (GPUs)
     decode            images/s per JPEG decoder and stage (one CPU core; nvJPEG on a GPU)
     zero              --zero 0, 1 and 2: memory per worker and step time (CPU workers, or GPUs)
+    slow_link         grad, param averaging, DiLoCo, streaming, async over a 20 Mbit/s link (namespaces, tc; root)
     make_data         the data ``data`` and ``decode`` run on: ImageNet-like JPEGs, nanoGPT token files
     ddp_imagefolder   the baseline ``data`` runs under torchrun: PyTorch's ImageNet example's loader
 

@@ -167,6 +167,19 @@ class Hosts:
         """Take host ``index``'s network link down (or up): as if its cable were pulled."""
         run("ip", "link", "set", f"{self.bridge}v{index}", "up" if up else "down")
 
+    def shape(self, index: int, mbit: float, delay_ms: float = 0) -> None:
+        """Limit host ``index``'s link to ``mbit`` Mbit/s each way, as a slow network between hosts: a
+        token bucket (tbf) on both ends of its veth pair, the bridge's end (what the host receives)
+        and the namespace's (what it sends). ``delay_ms`` adds netem's delay under each bucket (kernels
+        without netem refuse it). The qdiscs go with the veth pair when close() deletes the namespace."""
+        for prefix, device in (((), f"{self.bridge}v{index}"),
+                               (("ip", "netns", "exec", self.namespaces[index]), f"{self.bridge}p{index}")):
+            run(*prefix, "tc", "qdisc", "replace", "dev", device, "root", "handle", "1:", "tbf",
+                "rate", f"{mbit:g}mbit", "burst", "32kb", "latency", "100ms")
+            if delay_ms:
+                run(*prefix, "tc", "qdisc", "replace", "dev", device, "parent", "1:1", "handle", "10:", "netem",
+                    "delay", f"{delay_ms:g}ms")
+
     def close(self) -> None:
         for pid_file in self.pid_files:         # the daemons outside the namespaces (munged, slurmctld)
             try:
