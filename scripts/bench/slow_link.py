@@ -343,6 +343,7 @@ def run_row(bed: Testbed, variant: str, throttled: bool, flags: list[str], args:
     before, launched = bed.sent_bytes(), time.time()
     status = launch(command, log_dir / "train.log", env, args.timeout)
     wall_s, sent = time.time() - launched, bed.sent_bytes() - before
+    (log_dir / ".lock").unlink(missing_ok=True)     # Train.py's lock on its log dir: no result to keep
     if status != 0:
         error = f"timed out after {args.timeout} s" if status is None else refusal((log_dir / "train.log").read_text())
         return {**row, "error": error, "exit_status": status, "wall_s": wall_s}
@@ -416,6 +417,11 @@ def main() -> None:
         args.delay_ms = 0.0
     steps = args.samples // (args.batch_size * args.hosts)
     samples = steps * args.batch_size * args.hosts
+    rounds = math.lcm(args.avg_every, args.validate_every)
+    if steps == 0 or steps % rounds:
+        sys.exit(f"scripts.bench.slow_link: --samples {args.samples} makes {steps} updates of {args.hosts} x "
+                 f"{args.batch_size} samples; make it a multiple of {rounds} updates (--avg-every and "
+                 "--validate-every), so that every row ends on a sync and validates its last update")
     settings = {key: getattr(args, key) for key in ("hosts", "link_mbit", "delay_ms", "throttle_cores", "batch_size",
                                                     "block_size", "lr", "avg_every", "validate_every", "val_windows")}
     settings.update(samples=samples, steps=steps, model="gpt tiny", optimizer="adamw")
@@ -430,8 +436,7 @@ def main() -> None:
                 print(f"{variant}{' (throttled)' if throttled else ''}: {steps} updates ...", flush=True)
                 row = run_row(bed, variant, throttled, flags, args, samples)
                 rows = save(path, settings, data, merge_rows(rows, [row]))
-                print(f"  {row.get('error') or 'wall %.1f s, val loss %.4f' % (row['wall_s'], row['final_val_loss'])}",
-                      flush=True)
+                print(format_table([row]).splitlines()[1], flush=True)
     print(format_table(rows))
     print(f"written: {path}")
 
