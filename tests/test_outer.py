@@ -36,6 +36,32 @@ def two_outer_steps(ctx) -> tuple:
     return after
 
 
+def syncs_of_a_run(ctx, every: int, fragments: int, delay: int, total: int) -> list[tuple[int, int]]:
+    """(update, fragment) of each outer step applied in a run of ``total`` updates ending as Train.py ends it."""
+    flat = FlatParameters(small_model())
+    applied = []
+    sync = OuterSynchroniser(ctx.communicator(), flat, every, OuterOptimizer(), make_codec("fp32"), fragments, delay,
+                             report=lambda record: applied.append((record["step"], record["fragment"])))
+    sync.start()
+    for step in range(1, total + 1):
+        flat.params[0].add_(0.01)
+        sync.after_step(step)
+    sync.end_of_run(total)
+    return applied
+
+
+def test_the_run_s_end_syncs_what_has_moved_since_its_last_sync_and_nothing_twice():
+    with Parent() as parent:
+        pair = parent.fork(2)
+        pair.exec(syncs_of_a_run, 8, 1, 0, 16)
+        whole, _ = pair.wait()
+        pair.exec(syncs_of_a_run, 8, 2, 2, 18)
+        streamed, _ = pair.wait()
+    assert whole == [(8, 0), (16, 0)]          # update 16 synced already: no second outer step at the end
+    # fragment 0 sent after 16 lands at 18 with the progress of 17 and 18 on top, which the end then sends
+    assert streamed == [(6, 1), (10, 0), (14, 1), (18, 0), (18, 0), (18, 1)]
+
+
 def test_outer_nesterov_matches_the_hand_computed_update_for_two_syncs():
     with Parent() as parent:
         pair = parent.fork(2)

@@ -97,6 +97,7 @@ class OuterSynchroniser(Synchroniser):
         self.momentum = [torch.zeros_like(t) for t in flat.params] if outer.kind == "nesterov" else None
         self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params]
         self.pending: list[_Exchange] = []
+        self.launched = [0] * fragments         # the update each fragment was last sent after
 
     def start(self) -> None:
         super().start()
@@ -116,7 +117,7 @@ class OuterSynchroniser(Synchroniser):
         for exchange in list(self.pending):
             self._apply(exchange, step)
         for fragment in range(len(self.slices)):
-            if not any(e.fragment == fragment and e.launched == step for e in self.pending):
+            if self.launched[fragment] != step:     # one sent after this very update has nothing new to send
                 self._launch(fragment, step, delay=0)
 
     def _views(self, tensors: list[torch.Tensor], fragment: int) -> list[torch.Tensor]:
@@ -124,6 +125,7 @@ class OuterSynchroniser(Synchroniser):
 
     def _launch(self, fragment: int, step: int, delay: int | None = None) -> None:
         delay = self.delay if delay is None else delay
+        self.launched[fragment] = step
         params, anchor = self._views(self.flat.params, fragment), self._views(self.anchor, fragment)
         residual = self._views(self.residual, fragment)
         delta = torch.cat([(a - p).float() + r for a, p, r in zip(anchor, params, residual)])
