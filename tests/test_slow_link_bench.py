@@ -1,9 +1,10 @@
 """The slow-link bench's pure parts (scripts/bench/slow_link.py): what it reads from a run's records and
-output, and how rows of several invocations make one table. The bench itself needs root and minutes."""
+output, how rows of several invocations make one table, the text its token file is made of. The bench
+itself needs root and minutes."""
 from __future__ import annotations
 
-from scripts.bench.slow_link import (format_table, merge_rows, outer_sync_figures, refusal, time_to_target,
-                                     val_curve, validation_interval, variant_flags, with_targets)
+from scripts.bench.slow_link import (committed_text, format_table, merge_rows, outer_sync_figures, refusal,
+                                     time_to_target, val_curve, validation_interval, variant_flags, with_targets)
 
 
 def test_the_curve_is_validation_losses_in_seconds_since_launch_and_the_target_is_met_at_the_first_at_or_below():
@@ -67,3 +68,9 @@ def test_the_table_shows_figures_and_errors():
     table = format_table(rows).splitlines()
     assert table[1].split() == ["grad", "False", "6400", "2.5000", "180.0", "170.0", "760.00", "-", "-"]
     assert table[2].endswith("error: Train.py: error: no async")
+
+
+def test_the_token_text_is_a_commits_py_and_md_files_in_path_order():
+    names, text = committed_text("HEAD")
+    assert names == sorted(names) and all(name.endswith((".py", ".md")) for name in names)
+    assert "Train.py" in names and b"import argparse" in text

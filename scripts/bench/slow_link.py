@@ -140,20 +140,37 @@ def format_table(rows: list[dict]) -> str:
 
 # -- the data -------------------------------------------------------------------------------------
 
-def write_tokens(directory: Path) -> dict:
-    """train.bin and val.bin: this checkout's tracked .py and .md files, one uint16 token per byte
+def git(*args: str, given: bytes | None = None) -> bytes:
+    """A git command's output in the checkout."""
+    return subprocess.run(["git", *args], cwd=ROOT, input=given, capture_output=True, check=True).stdout
+
+
+def committed_text(commit: str) -> tuple[list[str], bytes]:
+    """The .py and .md files of ``commit``, sorted, and their text concatenated. Read from the commit,
+    not the working tree that others edit meanwhile, so that rows run later train on the same text."""
+    names = sorted(name for name in git("ls-tree", "-r", "--name-only", commit).decode().splitlines()
+                   if name.endswith((".py", ".md")))
+    batch, parts = git("cat-file", "--batch", given="".join(f"{commit}:{name}\n" for name in names).encode()), []
+    at = 0
+    for _ in names:           # each: "<sha> blob <size>\n", the content, "\n"
+        header_end = batch.index(b"\n", at)
+        size = int(batch[at:header_end].split()[2])
+        parts.append(batch[header_end + 1:header_end + 1 + size])
+        at = header_end + 2 + size
+    return names, b"".join(parts)
+
+
+def write_tokens(directory: Path, commit: str) -> dict:
+    """train.bin and val.bin: the checkout's .py and .md files at ``commit``, one uint16 token per byte
     (real-looking text with a vocabulary of 256, nothing to download). Returns what was written."""
     import numpy as np
-    names = subprocess.run(["git", "ls-files", "*.py", "*.md"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    text = b"".join((ROOT / name).read_bytes() for name in sorted(names))
+    names, text = committed_text(commit)
     tokens = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
     split = int(len(tokens) * VAL_SPLIT)
     directory.mkdir(parents=True, exist_ok=True)
     tokens[:split].tofile(directory / "train.bin")
     tokens[split:].tofile(directory / "val.bin")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return {"source": f"git ls-files '*.py' '*.md' at {commit}, sorted, concatenated", "files": len(names),
+    return {"source": f"the .py and .md files at {commit}, sorted by path, concatenated", "files": len(names),
             "train_tokens": split, "val_tokens": len(tokens) - split, "dtype": "uint16", "vocab_size": 256}
 
 
@@ -390,6 +407,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--avg-every", type=int, default=50, help="K, inner updates between syncs (default 50)")
     p.add_argument("--validate-every", type=int, default=10, help="updates between validations (default 10)")
     p.add_argument("--val-windows", type=int, default=256, help="validation samples (default 256)")
+    p.add_argument("--data-commit", default="HEAD",
+                   help="the commit whose .py and .md files make the token file (default HEAD; rows kept from an "
+                        "earlier run need the same)")
     p.add_argument("--hosts", type=int, default=2, help="hosts, one worker each (default 2)")
     p.add_argument("--link-mbit", type=float, default=20.0, help="each host's link, each way (default 20)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="netem delay each way, where the kernel has netem")
@@ -424,12 +444,13 @@ def main() -> None:
                  "--validate-every), so that every row ends on a sync and validates its last update")
     settings = {key: getattr(args, key) for key in ("hosts", "link_mbit", "delay_ms", "throttle_cores", "batch_size",
                                                     "block_size", "lr", "avg_every", "validate_every", "val_windows")}
-    settings.update(samples=samples, steps=steps, model="gpt tiny", optimizer="adamw")
+    commit = git("rev-parse", "--verify", f"{args.data_commit}^{{commit}}").decode().strip()
+    settings.update(samples=samples, steps=steps, model="gpt tiny", optimizer="adamw", data_commit=commit)
     path = args.out / RESULT
     rows = earlier_rows(path, settings)
     plan = [(variant, False) for variant in args.variants] + [(variant, True) for variant in args.throttled_variants]
     with tempfile.TemporaryDirectory(prefix="slow-link-") as scratch:
-        data = write_tokens(Path(scratch) / "data")
+        data = write_tokens(Path(scratch) / "data", commit)
         with Testbed(Path(scratch) / "hosts", args.hosts, args.link_mbit, args.delay_ms) as bed:
             flags = common_flags(args, Path(scratch) / "data", bed.hosts, steps)
             for variant, throttled in plan:
