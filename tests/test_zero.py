@@ -23,10 +23,17 @@ RECIPE = ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "0.1", "--cl
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory):
-    """The --zero 0 run every sharded run must match."""
-    _, path = run_train(tmp_path_factory.mktemp("zero0"), *RECIPE, "--max-steps", "12", name="zero0")
-    return path
+def one_epoch(tmp_path_factory):
+    """``one_epoch(zero)``: the checkpoint of one epoch (10 updates) with --zero 0, 1 or 2, each made once;
+    its log is in the checkpoint's folder, under zeroN."""
+    made = {}
+
+    def run(zero: int):
+        if zero not in made:
+            made[zero] = run_train(tmp_path_factory.mktemp(f"zero{zero}"), *RECIPE, "--epochs", "1", "--zero", str(zero),
+                                   name=f"zero{zero}")[1]
+        return made[zero]
+    return run
 
 
 def optimizer_state(path) -> torch.Tensor:
@@ -42,11 +49,11 @@ def memory(log_dir) -> tuple[list[dict], float | None]:
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_sharded_runs_train_the_parameters_of_replicas_and_hold_a_shard_of_the_state(stage, replicas, tmp_path):
-    _, path = run_train(tmp_path, *RECIPE, "--zero", str(stage), "--max-steps", "12", name="sharded")
+def test_sharded_runs_train_the_parameters_of_replicas_and_hold_a_shard_of_the_state(stage, one_epoch):
+    path, replicas = one_epoch(stage), one_epoch(0)
     torch.testing.assert_close(flat_params(path), flat_params(replicas), rtol=0, atol=1e-6)
     torch.testing.assert_close(optimizer_state(path), optimizer_state(replicas), rtol=0, atol=1e-6)
-    (whole, _), (shards, bucket_mb) = memory(replicas.parent / "zero0"), memory(tmp_path / "sharded")
+    (whole, _), (shards, bucket_mb) = memory(replicas.parent / "zero0"), memory(path.parent / f"zero{stage}")
     for full, rank in zip(whole, shards):
         assert rank["param_mb"] == full["param_mb"]
         assert rank["optimizer_mb"] <= full["optimizer_mb"] / 2 + bucket_mb
@@ -82,12 +89,11 @@ def test_every_optimizer_updates_shards_as_it_updates_whole_parameters(name):
         torch.testing.assert_close(param, ref, rtol=0, atol=1e-6, msg=f"{name} ({default_impl(name)})")
 
 
-def test_a_sharded_checkpoint_resumes_on_other_workers_with_any_zero_and_test_py_reads_it(tmp_path, capsys):
+def test_a_sharded_checkpoint_resumes_on_other_workers_with_any_zero_and_test_py_reads_it(one_epoch, tmp_path,
+                                                                                           capsys):
     """Saved by 2 workers with --zero 2 and by 2 with --zero 0 after one epoch; both resumed by 3 workers,
     the first with --zero 1: the same parameters at the end."""
-    flags = [*RECIPE, "--epochs", "1"]
-    _, sharded = run_train(tmp_path, *flags, "--zero", "2", name="sharded")
-    _, replicated = run_train(tmp_path, *flags, name="replicated")
+    sharded, replicated = one_epoch(2), one_epoch(0)
     more = ["--epochs", "2", "--cpu-workers", "3"]
     _, from_sharded = run_train(tmp_path, *more, "--zero", "1", "--resume", str(sharded), name="from-sharded")
     _, from_replicated = run_train(tmp_path, *more, "--resume", str(replicated), name="from-replicated")
