@@ -158,7 +158,7 @@ class OuterSynchroniser(Synchroniser):
             delta = average[offset:offset + anchor.numel()].to(anchor.dtype)
             offset += anchor.numel()
             self.outer.step(anchor, delta, momentum[i])
-            if exchange.snapshot is None:
+            if exchange.snapshot is None or exchange.launched == step:     # no local progress to carry over
                 param.copy_(anchor)
             else:
                 param.add_(anchor - exchange.snapshot[i])
