@@ -76,7 +76,7 @@ class ShardLayout:
     ``piece`` elements each, zeros where padding)."""
 
     def __init__(self, flat: FlatParameters, size: int, rank: int, bucket_mb: float):
-        self.size, self.rank = size, rank
+        self.size, self.rank, self.segments = size, rank, flat.segments
         self.buckets: list[ShardBucket] = []
         for segment in flat.segments:
             offset = dict(zip(map(id, segment.trainable), segment.offsets))
@@ -101,10 +101,6 @@ class ShardLayout:
         if not self.pieces:
             raise ValueError(f"--zero over {size} workers: rank {rank} would own no parameters (the model has "
                              f"{sum(b.numel for b in self.buckets)} trainable elements); use fewer workers or --zero 0")
-
-    def numel(self) -> int:
-        """Trainable elements in all."""
-        return sum(b.numel for b in self.buckets)
 
     def largest_bucket_mb(self) -> float:
         """The largest bucket, padded (a bucket holds at least one parameter, whatever bucket_mb says)."""

@@ -48,10 +48,8 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     with own_outputs(config), workers(config, gpus) as kids:
         timeline.mark(marks, "forked")
         config = check_inputs(check_flags(config, gpus))
-        start = detect(os.environ, config.cluster)
         print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
-              f"{where(config, gpus, kids)}, mode {config.mode}" + (f"; {start.describe()}" if start else "")
-              + (f"; resuming {config.resume}" if start and start.restart_count and config.resume else ""))
+              f"{where(config, gpus, kids)}, mode {config.mode}")
         timeline.mark(marks, "checked")
         import_plotting_meanwhile()
         return train(config, gpus, marks, interrupts, started=kids)
@@ -120,7 +118,8 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
     start = detect(os.environ, config.cluster)
-    if start is not None:
+    if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
+        print(start.describe() + (f"; resuming {config.resume}" if start.restart_count and config.resume else ""))
         log.write({"time": time.time(), **start.record()})
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,

@@ -28,6 +28,7 @@ import torch
 
 from harness.collectives import ncclstop
 from harness.collectives.flat import FlatParameters
+from harness.collectives.shards import ShardLayout
 from harness.control import timeline
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import evaluation_batches
@@ -35,7 +36,6 @@ from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_st
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
-from harness.collectives.shards import ShardLayout
 from harness.training.build import (autocast, load_data, make_batches, make_model, make_optimizer, make_synchroniser,
                                     model_loss)
 from harness.training.config import TrainConfig

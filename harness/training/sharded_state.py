@@ -47,7 +47,7 @@ def gather_state(optimizer: torch.optim.Optimizer, layout: ShardLayout, comm: An
     shared = {k: v for k, v in first.items() if k not in elementwise}
     index_of = {id(p): i for i, p in enumerate(model.parameters())}
     state: dict[int, dict] = {}
-    for segment in {id(b.segment): b.segment for b in layout.buckets}.values():
+    for segment in layout.segments:
         per_key = {key: views(whole[(id(segment), key)], segment.trainable) for key in elementwise}
         for k, param in enumerate(segment.trainable):
             state[index_of[id(param)]] = {**_copies(shared), **{key: per_key[key][k].clone() for key in elementwise}}
@@ -66,7 +66,7 @@ def load_state(optimizer: torch.optim.Optimizer, layout: ShardLayout, saved: dic
         probe = next(iter(state.items()))
         elementwise = [k for k, v in probe[1].items() if torch.is_tensor(v) and v.shape == probe[0].shape]
         shared = {k: v for k, v in probe[1].items() if k not in elementwise}
-        for segment in {id(b.segment): b.segment for b in layout.buckets}.values():
+        for segment in layout.segments:
             whole = {key: _assemble(segment, state, key) for key in elementwise}
             for j, (index, piece) in enumerate(zip(layout.piece_buckets, layout.pieces)):
                 bucket = layout.buckets[index]
