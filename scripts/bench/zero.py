@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from scripts.bench.common import ROOT, append_jsonl, bench_record, run_train, updates_per_s, write_json
+from scripts.bench.common import ROOT, append_jsonl, bench_record, device, run_train, updates_per_s, write_json
 
 MODEL = ["--model", "mlp", "--model-options", json.dumps({"hidden": [1024, 1024, 1024, 1024]}), "--dataset", "digits"]
 RECIPE = ["--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "8", "--clip-grad", "1.0", "--bucket-mb", "4"]
@@ -32,7 +32,7 @@ def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str]) ->
     peaks = [rank["peak_mb"] for rank in memory["ranks"] if rank["peak_mb"] is not None]
     return {"model": "mlp-4x1024", "workers": workers, "zero": zero, "variant": "harness", **largest,
             "peak_mb": max(peaks) if peaks else None, "step_ms": 1000 / updates_per_s(records),
-            "largest_bucket_mb": memory["largest_bucket_mb"]}
+            "largest_bucket_mb": memory["largest_bucket_mb"], "device": device()}
 
 
 def main() -> None:
