@@ -15,10 +15,15 @@ results worth keeping go to bench/results/DATE-DEVICE-WHAT/ with a README.md giv
     hosts             time to first step across hosts (network namespaces, ssh) against torchrun (root)
     data              the input pipelines against a GPU-resident ceiling and torchrun's DataLoader (GPUs)
     decode            images/s per JPEG decoder and stage (one CPU core; nvJPEG on a GPU)
-    zero              --zero 0, 1 and 2: memory per worker and step time (CPU workers, or GPUs)
+    single            one GPU: the step against plain loops with torch.compile, nanoGPT's train.py, HF's Trainer
+    multi             several GPUs: the step against torchrun + DDP with torch.compile and nanoGPT under torchrun
+    zero              --zero 0, 1 and 2: memory per worker and step time (CPU workers, or GPUs; with --peers
+                      against DDP, ZeroRedundancyOptimizer and FSDP2 under torchrun)
     slow_link         grad, param averaging, DiLoCo, streaming, async over a 20 Mbit/s link (namespaces, tc; root)
     make_data         the data ``data`` and ``decode`` run on: ImageNet-like JPEGs, nanoGPT token files
     ddp_imagefolder   the baseline ``data`` runs under torchrun: PyTorch's ImageNet example's loader
+    peers             the baselines ``multi`` and ``zero`` run under torchrun: DDP (compiled), ZeRO, FSDP2
+    nanogpt_model     nanoGPT's model.py as a harness model (--model scripts.bench.nanogpt_model:gpt2)
 
 Shared pieces: ``common`` (models, timing, records, Train.py and module subprocesses, charts) and
 ``processes`` (a command's process tree and memory, from /proc).

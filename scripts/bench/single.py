@@ -137,10 +137,12 @@ def time_plain(step: Callable[[], None], steps: int, profile: Path | None) -> di
             "peak_mb": torch.cuda.max_memory_reserved() / 2**20}
 
 
-def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, profile: Path | None = None) -> dict:
-    """Train.py as a user runs it: step time from the first update's end to the last's (start-up and
-    compilation left out), peak memory from the worker, the first step from the parent's start."""
-    flags = ["--gpus", "0", "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else []),
+def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, profile: Path | None = None,
+                gpus: int = 1) -> dict:
+    """Train.py as a user runs it, on ``gpus`` GPUs: step time from the first update's end to the last's
+    (start-up and compilation left out), peak memory from rank 0's worker, the first step from the
+    parent's start."""
+    flags = ["--gpus", ",".join(map(str, range(gpus))), "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else []),
              *(["--profile", str(profile)] if profile else [])]
     if model == "resnet50":
         flags += ["--model", "resnet50", "--dataset", "synthetic", "--dataset-options",
@@ -154,7 +156,7 @@ def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, 
             ["--model", "gpt", "--model-options", '{"size": "124m", "bias": false}']
         flags += [*name, "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
                   '{"block_size": 1024, "vocab_size": 50257}', *GPT_RECIPE]
-    records = run_train(flags, work / f"{model}-{variant}", cwd=work)
+    records = run_train(flags, work / f"{model}-{variant}-{gpus}gpu", cwd=work)
     steps = [r for r in records if r["event"] == "step"]
     done = next(r for r in records if r["event"] == "done")
     startup = next(r for r in records if r["event"] == "startup")["parent"]
@@ -164,33 +166,40 @@ def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, 
             "peak_mb": done["peak_gpu_mb"]}
 
 
-def nanogpt_row(steps: int, nanogpt: Path, tokens: Path) -> dict:
-    """nanoGPT's own train.py, compile on, nanoGPT's recipe at batch 16 x 4; step time the median of its
-    own per-iteration times after the first 10, peak memory read at its exit."""
+def nanogpt_row(steps: int, nanogpt: Path, tokens: Path, gpus: int = 1) -> dict:
+    """nanoGPT's own train.py, compile on, nanoGPT's recipe at batch 16 x 4 per GPU (under torchrun on
+    ``gpus`` > 1, which divides its accumulation steps by the GPU count); step time the median of its own
+    per-iteration times after the first 10, peak memory read at each process's exit (the largest)."""
     data = nanogpt / "data" / "bench"
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
         target = data / f"{split}.bin"
         if not target.exists():
             target.symlink_to(tokens / f"{split}.bin")
-    argv = ["train.py", "--dataset=bench", "--batch_size=16", "--gradient_accumulation_steps=4", "--compile=True",
+    argv = ["train.py", "--dataset=bench", "--batch_size=16", f"--gradient_accumulation_steps={4 * gpus}", "--compile=True",
             f"--max_iters={steps}", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
             "--always_save_checkpoint=False", f"--out_dir={data / 'out'}"]
-    wrapper = ("import atexit, runpy, sys, torch; sys.argv = " + repr(argv) + "; atexit.register(lambda: "
-               "print('PEAK_MB', torch.cuda.max_memory_reserved() / 2**20)); runpy.run_path('train.py', run_name='__main__')")
+    # A file, as torchrun runs files; nanoGPT's folder first on sys.path, where train.py finds model.py.
+    wrapper = ("import atexit, runpy, sys, torch; sys.path.insert(0, '.'); sys.argv = " + repr(argv) + "; "
+               "atexit.register(lambda: print('PEAK_MB', torch.cuda.max_memory_reserved() / 2**20)); "
+               "runpy.run_path('train.py', run_name='__main__')")
+    (data / "run.py").write_text(wrapper)
+    command = [sys.executable, "-u", str(data / "run.py")] if gpus == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", str(data / "run.py")]
     started, first, lines = time.time(), None, []
-    run = subprocess.Popen([sys.executable, "-u", "-c", wrapper], cwd=nanogpt, stdout=subprocess.PIPE,
+    run = subprocess.Popen(command, cwd=nanogpt, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=subprocess_env())
     for line in run.stdout:
         lines.append(line)
         if first is None and line.startswith("iter 0:"):
             first = time.time() - started
     if run.wait() != 0:
-        raise RuntimeError("nanoGPT's train.py failed:\n" + "".join(lines[-40:]))
+        out = "".join(lines)       # from the first traceback: a worker's, not torchrun's own
+        raise RuntimeError("nanoGPT's train.py failed:\n" + out[max(0, out.find("Traceback")):][:3000])
     out = "".join(lines)
     times = [float(m[1]) for m in re.finditer(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", out, re.M)]
     return {"step_ms": statistics.median(times[10:]), "first_step_s": first,
-            "peak_mb": float(re.search(r"^PEAK_MB ([\d.]+)", out, re.M)[1])}
+            "peak_mb": max(float(m[1]) for m in re.finditer(r"^PEAK_MB ([\d.]+)", out, re.M))}
 
 
 def hf_trainer(variant: str, steps: int, tokens: Path, profile: Path | None = None) -> dict:

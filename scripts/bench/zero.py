@@ -6,10 +6,16 @@ per worker ``param_mb``, ``grad_mb``, ``optimizer_mb`` (the largest over the ran
 "memory" record) and ``peak_mb`` (GPU workers: peak allocated; None on CPU), ``step_ms`` (from the
 end of the first update to the end of the run), ``largest_bucket_mb`` and ``device``. The default model is
 an MLP of 4 layers of 1024 on digits (2.2M parameters) with AdamW: two fp32 moments per parameter.
-The multi-GPU comparison with DDP, torch's ZeroRedundancyOptimizer and FSDP2 needs several GPUs and
-is its own benchmark.
+
+``--peers`` (GPUs): GPT-2 124M on nanoGPT's model and recipe (scripts/bench/single.py), Train.py
+``--zero 0/1/2`` against what a torchrun user would run instead (scripts/bench/peers.py): ``ddp``,
+``torch-zero`` (DDP + torch's ZeroRedundancyOptimizer) and ``fsdp2`` (fully_shard,
+reshard_after_forward=False). Every row there has ``peak_mb`` = the largest rank's peak allocated
+(Train.py: at its first update, graph and optimizer state made; torchrun: at the run's end) and
+``peak_reserved_mb``.
 
     python -m scripts.bench.zero --out bench/results/DATE-cpu2-zero --workers 2,4,8
+    python -m scripts.bench.zero --out bench/results/DATE-DEVICE-zero --workers 2 --gpus --peers
 """
 from __future__ import annotations
 
@@ -18,21 +24,46 @@ import json
 from pathlib import Path
 
 from scripts.bench.common import ROOT, append_jsonl, bench_record, device, run_train, updates_per_s, write_json
+from scripts.bench.multi import torchrun
+from scripts.bench.single import GPT_RECIPE, make_tokens
 
 MODEL = ["--model", "mlp", "--model-options", json.dumps({"hidden": [1024, 1024, 1024, 1024]}), "--dataset", "digits"]
 RECIPE = ["--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "8", "--clip-grad", "1.0", "--bucket-mb", "4"]
 
 
-def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str]) -> dict:
-    flags = [*MODEL, *RECIPE, "--cpu-workers", str(workers), "--zero", str(zero), "--max-steps", str(steps),
-             "--save", "", *extra]
-    records = run_train(flags, scratch / f"w{workers}-z{zero}", ROOT)
+def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], model: str = "mlp-4x1024") -> dict:
+    flags = [*extra, "--zero", str(zero), "--max-steps", str(steps), "--save", ""]
+    records = run_train(flags, scratch / f"{model}-w{workers}-z{zero}", ROOT)
     memory = next(r for r in records if r["event"] == "memory")
     largest = {key: max(rank[key] or 0 for rank in memory["ranks"]) for key in ("param_mb", "grad_mb", "optimizer_mb")}
     peaks = [rank["peak_mb"] for rank in memory["ranks"] if rank["peak_mb"] is not None]
-    return {"model": "mlp-4x1024", "workers": workers, "zero": zero, "variant": "harness", **largest,
-            "peak_mb": max(peaks) if peaks else None, "step_ms": 1000 / updates_per_s(records),
-            "largest_bucket_mb": memory["largest_bucket_mb"], "device": device()}
+    done = next(r for r in records if r["event"] == "done")
+    return {"model": model, "workers": workers, "zero": zero, "variant": "harness", **largest,
+            "peak_mb": max(peaks) if peaks else None, "peak_reserved_mb": done.get("peak_gpu_mb"),
+            "step_ms": 1000 / updates_per_s(records), "largest_bucket_mb": memory["largest_bucket_mb"],
+            "device": device()}
+
+
+def peer_rows(workers: int, steps: int, out: Path, variants: list[str]) -> list[dict]:
+    """GPT-2 124M (nanoGPT's model and recipe) under Train.py --zero 0/1/2 and under torchrun's peers."""
+    tokens = make_tokens(out / "tokens")
+    gpt = ["--gpus", ",".join(map(str, range(workers))), "--model", "scripts.bench.nanogpt_model:gpt2",
+           "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
+           json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE]
+    rows = [row(workers, zero, steps, out / "logs", gpt, "gpt-nanogpt") for zero in (0, 1, 2) if "harness" in variants]
+    for wrap, zero in (("ddp", 0), ("torch-zero", 1), ("fsdp2", 2)):
+        if wrap not in variants:
+            continue
+        try:
+            measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
+                                   "--steps", str(steps), "--tokens", str(tokens))
+        except RuntimeError as e:
+            rows.append({"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap, "error": str(e)[-2000:]})
+            continue
+        rows.append({"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
+                     **{k: measured[k] for k in ("param_mb", "grad_mb", "optimizer_mb", "step_ms")},
+                     "peak_mb": measured["peak_allocated_mb"], "peak_reserved_mb": measured["peak_mb"], "device": device()})
+    return rows
 
 
 def main() -> None:
@@ -41,14 +72,23 @@ def main() -> None:
     p.add_argument("--workers", default="2,4,8", help="worker counts, comma-separated (default 2,4,8)")
     p.add_argument("--steps", type=int, default=30, help="updates per run (default 30)")
     p.add_argument("--gpus", action="store_true", help="one worker per GPU (--gpus 0,...,N-1) instead of CPU workers")
+    p.add_argument("--peers", action="store_true", help="GPT-2 124M against DDP, ZeroRedundancyOptimizer and FSDP2 "
+                                                        "under torchrun (GPUs; see above)")
+    p.add_argument("--variants", default="harness,ddp,torch-zero,fsdp2", help="with --peers: which rows")
     args = p.parse_args()
+    args.out = args.out.resolve()
     rows = []
     for workers in map(int, args.workers.split(",")):
-        extra = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else []
-        for zero in (0, 1, 2):
-            rows.append(row(workers, zero, args.steps, args.out / "logs", extra))
-            append_jsonl(args.out / "rows.jsonl", rows[-1])
-            print(json.dumps(rows[-1]))
+        if args.peers:
+            found = peer_rows(workers, args.steps, args.out, args.variants.split(","))
+        else:
+            where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
+            extra = [*MODEL, *RECIPE, *where]
+            found = [row(workers, zero, args.steps, args.out / "logs", extra) for zero in (0, 1, 2)]
+        for found_row in found:
+            rows.append(found_row)
+            append_jsonl(args.out / "rows.jsonl", found_row)
+            print(json.dumps(found_row), flush=True)
     write_json(args.out / "bench_zero.json", bench_record(rows=rows))
 
 
