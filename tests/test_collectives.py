@@ -38,6 +38,24 @@ def test_communicator_reports_rank_size_backend(kids):
     assert kids.wait() == [(r, len(kids), "gloo") for r in range(len(kids))]
 
 
+def _shifted(ctx):
+    comm = ctx.communicator()
+    t = torch.arange(5, dtype=torch.float32) + 10 * comm.rank
+    out = torch.zeros(5)
+    comm.shift(out, t)
+    twice = torch.zeros(5)
+    comm.shift(twice, out, async_op=True).wait()
+    return out.tolist(), twice.tolist()
+
+
+def test_shift_passes_each_rank_its_predecessors_tensor(kids):
+    kids.exec(_shifted)
+    n = len(kids)
+    for rank, (once, twice) in enumerate(kids.wait()):
+        assert once == [float(i + 10 * ((rank - 1) % n)) for i in range(5)]
+        assert twice == [float(i + 10 * ((rank - 2) % n)) for i in range(5)]
+
+
 BAD_CALLS = {
     "non-contiguous": (ValueError, "not contiguous", lambda c, t: c.all_reduce(torch.zeros(4, 4).t())),
     "wrong device": (ValueError, "needs cpu tensors", lambda c, t: c.all_reduce(torch.zeros(4, device="meta"))),

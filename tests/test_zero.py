@@ -2,6 +2,9 @@
 1/N of the state, and write checkpoints that any number of workers with any --zero resumes."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch
 
@@ -9,11 +12,14 @@ import Test
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import ShardLayout
 from harness.resilience.checkpoint import load_checkpoint
-from harness.training.checks import resolve
+from harness.training import ConfigError
+from harness.training.checks import heals_in_place, resolve
 from harness.training.config import TrainConfig
 from harness.training.metrics import read_metrics
 from harness.training.optim import OPTIMIZERS, build_optimizer, default_impl
 from tests.helpers.collectives import small_model
+from tests.helpers.runs import finish, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import flat_params, run_train, train_error
 
 # AdamW, clipped, 2 micro-batches, buckets of ~0.2 MiB: the MLP's 1.15 MiB of parameters in several
@@ -108,14 +114,42 @@ def test_a_sharded_checkpoint_resumes_on_other_workers_with_any_zero_and_test_py
     (["--mode", "param"], "--mode param"),
     (["--grad-sync", "flat"], "--grad-sync flat"),
     (["--reduce-dtype", "bf16"], "--reduce-dtype bf16"),
-    (["--max-restarts", "1", "--heal", "on"], "--heal on"),
 ])
 def test_zero_with_what_it_cannot_shard_is_one_line(flags, clash, monkeypatch, capsys):
     line = train_error("--zero", "1", *flags, monkeypatch=monkeypatch, capsys=capsys)
     assert clash in line and "--zero" in line
 
 
-def test_zero_survives_a_dead_worker_by_restarting_from_its_checkpoint():
-    """No heal in place yet with --zero (a dead rank's shard lives nowhere else): the run restarts."""
+def test_zero_heals_in_place_only_when_asked_and_not_yet_on_gpus():
+    """A replica of each shard costs memory: --zero restarts from the checkpoint unless --heal on."""
     assert resolve(TrainConfig(zero=2, max_restarts=1))[1].heal_in_place is False
+    assert resolve(TrainConfig(zero=2, max_restarts=1, heal="on"))[1].heal_in_place is True
     assert resolve(TrainConfig(zero=0, max_restarts=1))[1].heal_in_place is True
+    with pytest.raises(ConfigError, match="--zero 1"):
+        heals_in_place(TrainConfig(zero=1, max_restarts=1, heal="on"), gpus=[0])
+
+
+def test_a_killed_worker_of_a_sharded_run_is_healed_from_its_shards_replica_bit_for_bit(tmp_path):
+    """--zero 2 over three workers (the slow model: padded buckets), a worker SIGKILLed mid-run: the
+    replacement takes its shard from the next rank's replica, and the run ends on the parameters and
+    optimizer state of the uninterrupted one, bit for bit. Each rank holds two shards of optimizer state."""
+    flags = [*SLOW_FLAGS, "--optimizer", "adamw", "--clip-grad", "0.5", "--zero", "2", "--heal", "on",
+             "--max-restarts", "1"]
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    (tmp_path / "healed").mkdir()
+    process = start_train(tmp_path / "healed", *flags)
+    wait_for_record(process, tmp_path / "healed", lambda records: any(r.get("step", 0) >= 20 for r in records
+                                                                      if r["event"] == "step"))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, _ = finish(process, tmp_path / "healed")
+
+    assert status == 0, err
+    [heal] = records_of(tmp_path / "healed", "recovered")
+    assert heal["rank"] == 1 and heal["donor"] == 2 and left == []
+    assert records_of(tmp_path / "healed", "restart") == []
+    healed = tmp_path / "healed" / "model.pt"
+    assert torch.equal(flat_params(straight), flat_params(healed))
+    assert torch.equal(optimizer_state(straight), optimizer_state(healed))
+    ranks, _ = memory(tmp_path / "healed" / "logs")
+    whole = ranks[0]["param_mb"] * 2       # AdamW: two moments a parameter
+    assert all(2 * whole / 3 <= r["optimizer_mb"] < whole for r in ranks)

@@ -79,6 +79,16 @@ class Communicator:
         self._check_out(out, t, t.numel() // self.size)
         return self._finish(self._reduce_scatter(out, t, op), async_op)
 
+    def shift(self, out: torch.Tensor, t: torch.Tensor, async_op: bool = False) -> Work | None:
+        """A ring shift: ``t`` goes to rank + 1, ``out`` receives rank - 1's (modulo the size; a world
+        of one copies). --zero's replica of each shard on the next rank is kept this way."""
+        self._check(t, "t")
+        self._check_out(out, t, t.numel())
+        if self.size == 1:
+            out.copy_(t)
+            return Work() if async_op else None
+        return self._finish(self._shift(out, t), async_op)
+
     def barrier(self) -> None:
         """Returns on every rank once all ranks have reached it."""
         self.check_alive()
@@ -150,6 +160,7 @@ class Communicator:
     def _reduce(self, t: torch.Tensor, out: torch.Tensor, op: str, root: int) -> Any: raise NotImplementedError
     def _all_gather(self, out: torch.Tensor, t: torch.Tensor) -> Any: raise NotImplementedError
     def _reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> Any: raise NotImplementedError
+    def _shift(self, out: torch.Tensor, t: torch.Tensor) -> Any: raise NotImplementedError
     def _barrier(self) -> None: raise NotImplementedError
     def _abort(self) -> None: raise NotImplementedError
     def _close(self) -> None: raise NotImplementedError

@@ -94,6 +94,11 @@ class GlooCommunicator(Communicator):
         options.reduceOp = _OPS[op]
         return self._work(self._pg._reduce_scatter_base(out, t, options), self._average(op, out))
 
+    def _shift(self, out: torch.Tensor, t: torch.Tensor) -> Work:
+        sent = self._pg.send([t], (self.rank + 1) % self.size, 0)
+        received = self._pg.recv([out], (self.rank - 1) % self.size, 0)
+        return self._work(sent, then=lambda: self._work(received).wait())
+
     def _barrier(self) -> None:
         self._work(self._pg.barrier()).wait()
 

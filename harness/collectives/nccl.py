@@ -110,6 +110,16 @@ class NcclCommunicator(Communicator):
         return (lambda: self._comm.reduceScatter(t.data_ptr(), out.data_ptr(), out.numel(),
                                                  self._dtypes[t.dtype], self._ops[op], self._now), (t, out))
 
+    def _shift(self, out, t):
+        nccl = _nccl()
+
+        def launch() -> None:
+            nccl.groupStart()
+            self._comm.send(t.data_ptr(), t.numel(), self._dtypes[t.dtype], (self.rank + 1) % self.size, self._now)
+            self._comm.recv(out.data_ptr(), out.numel(), self._dtypes[t.dtype], (self.rank - 1) % self.size, self._now)
+            nccl.groupEnd()
+        return launch, (t, out)
+
     def _barrier(self) -> None:
         token = torch.zeros(1, device="cuda")
         self.all_reduce(token)

@@ -72,10 +72,11 @@ class ShardBucket:
 
 class ShardLayout:
     """Which elements of the flat buffers each of ``size`` ranks owns (see the module's docstring), and
-    this ``rank``'s optimizer parameters (``pieces``) and gradient pieces (``grads``, one per bucket,
-    ``piece`` elements each, zeros where padding)."""
+    ``rank``'s optimizer parameters (``pieces``) and gradient pieces (``grads``, one per bucket,
+    ``piece`` elements each, zeros where padding). ``rank`` may be another rank's: the layout of the
+    replica a rank keeps of its predecessor's shard (``Replica``)."""
 
-    def __init__(self, flat: FlatParameters, size: int, rank: int, bucket_mb: float):
+    def __init__(self, flat: FlatParameters, size: int, rank: int, bucket_mb: float, own_grads: bool = False):
         self.size, self.rank, self.segments = size, rank, flat.segments
         self.buckets: list[ShardBucket] = []
         for segment in flat.segments:
@@ -85,8 +86,8 @@ class ShardLayout:
                 start, stop = min(offsets), max(o + p.numel() for o, p in zip(offsets, group))
                 self.buckets.append(ShardBucket(segment, group, offsets, start, stop, -(-(stop - start) // size), size))
         # Where the flat gradients exist (stage 1) this rank's piece of them is reduced in place; else
-        # (stage 2) each bucket's piece is a buffer of its own.
-        self.grads = [b.segment.grads[slice(*b.owned(rank))] if b.segment.grads is not None else
+        # (stage 2, or ``own_grads``: a replica of another rank's shard) each bucket's piece is a buffer of its own.
+        self.grads = [b.segment.grads[slice(*b.owned(rank))] if b.segment.grads is not None and not own_grads else
                       torch.zeros(b.piece, dtype=b.segment.params.dtype, device=b.segment.params.device)
                       for b in self.buckets]
         self.pieces: list[torch.nn.Parameter] = []
@@ -138,16 +139,33 @@ class _Slot:
         return self.buffers[key][:numel]
 
 
-class ShardedGradients(GradientAveraging):
-    """The synchroniser of --zero ``stage`` (1 or 2) over ``layout`` (see the module's docstring)."""
+@dataclass
+class Replica:
+    """The copy a rank keeps of its predecessor's shard, so that the group heals in place when a rank
+    dies (harness/resilience/shard_heal.py): rank - 1's layout with gradient pieces of its own, and an
+    optimizer over it. Every update, once the reduce-scatters are done, each rank passes its gradient
+    pieces to the next (``Communicator.shift``: 1/N of the gradients), and the replica's optimizer steps
+    on them beside the rank's own: the same numbers through the same arithmetic, so the two copies stay
+    equal bit for bit. It costs a second 1/N of optimizer state and of gradients, and the shift."""
+    layout: ShardLayout
+    optimizer: torch.optim.Optimizer
 
-    def __init__(self, comm: Communicator, flat: FlatParameters, layout: ShardLayout, stage: int):
+
+class ShardedGradients(GradientAveraging):
+    """The synchroniser of --zero ``stage`` (1 or 2) over ``layout`` (see the module's docstring), keeping
+    ``replica`` (healing in place) up to date as well. ``reduced`` and ``applied`` say how far the update
+    in progress got, for a heal: this rank's pieces (and its replica's) are reduced, its optimizers stepped."""
+
+    def __init__(self, comm: Communicator, flat: FlatParameters, layout: ShardLayout, stage: int,
+                 replica: Replica | None = None):
         super().__init__(comm, flat)
         if stage not in (1, 2):
             raise ValueError(f"stage={stage}: ZeRO stages are 1 and 2")
         if layout.size != comm.size:
             raise ValueError(f"a layout for {layout.size} ranks with a communicator of {comm.size}")
-        self.layout, self.stage = layout, stage
+        self.layout, self.stage, self.replica = layout, stage, replica
+        self.reduced = self.applied = False
+        self._agreed = torch.zeros(1, device=layout.segments[0].params.device)
         largest: dict = {}
         for bucket in layout.buckets:
             key = (bucket.segment.params.device, bucket.segment.params.dtype)
@@ -168,6 +186,7 @@ class ShardedGradients(GradientAveraging):
         if self.stage == 1:
             self.flat.zero_grad()
         self.reset()
+        self.reduced = self.applied = False
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -240,16 +259,36 @@ class ShardedGradients(GradientAveraging):
         for pending in self._open:
             pending.finish()
         self.reset()
+        if self.replica is not None:
+            self._replicate()
+        self.reduced = True
+
+    def _replicate(self) -> None:
+        """Each gradient piece to the next rank, into its replica of this shard; then a one-element
+        all-reduce, so that no rank steps before every rank holds its replica's gradients (a heal that
+        finds some ranks stepped can then count on the dead rank's replica having stepped too)."""
+        for index, bucket in enumerate(self.layout.buckets):
+            mine = self.layout.grads[index]
+            if mine.numel() < bucket.piece:     # stage 1's piece of a padded bucket, padded
+                mine = torch.cat([mine, mine.new_zeros(bucket.piece - mine.numel())])
+            self.comm.shift(self.replica.layout.grads[index], mine)
+        self.comm.all_reduce(self._agreed)
 
     def update_grads(self) -> list[torch.Tensor]:
         return [g for g in self.layout.grads if g.numel()]
+
+    def follower_grads(self) -> list[torch.Tensor]:
+        return [g for g in self.replica.layout.grads if g.numel()] if self.replica is not None else []
 
     def combine(self, value: torch.Tensor, op: str) -> None:
         self.comm.all_reduce(value, op=op)
 
     def after_update(self) -> None:
         """All-gather every bucket's pieces into the flat parameters, in place (a padded bucket through
-        a staging buffer)."""
+        a staging buffer); the replica's optimizer steps first, on its shard."""
+        self.applied = True
+        if self.replica is not None:
+            self.replica.optimizer.step()
         rank = self.layout.rank
         for bucket in self.layout.buckets:
             full = bucket.segment.params[bucket.start:bucket.stop]
@@ -269,7 +308,8 @@ class ShardedGradients(GradientAveraging):
     def gradient_bytes(self) -> int:
         staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())
         pieces = sum(g.nbytes for g in self.layout.grads) if self.stage == 2 else 0    # stage 1's are the flat ones
-        return super().gradient_bytes() + pieces + staging
+        replica = sum(g.nbytes for g in self.replica.layout.grads) if self.replica is not None else 0
+        return super().gradient_bytes() + pieces + staging + replica
 
     def close(self) -> None:
         self.order.close()

@@ -54,6 +54,11 @@ class Synchroniser:
         """The gradients the optimizer reads (clipped, unscaled): the flat ones, or this rank's shards."""
         return self.flat.grads
 
+    def follower_grads(self) -> list[torch.Tensor]:
+        """Gradients that are unscaled and clipped as ``update_grads()`` are, without counting in the
+        norm or the overflow check: --zero's replica of another rank's shard."""
+        return []
+
     # Where update_grads() is a shard, combine(value, op) makes a figure computed over it (a squared norm,
     # an overflow flag) the group's, in place; None: the figure is the group's already.
     combine: Callable[[torch.Tensor, str], None] | None = None

@@ -140,14 +140,17 @@ def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.
     else:
         for tensor in tensors:
             comm.broadcast(tensor, root=donor)
-    _broadcast_optimizer(ctx, comm, optimizer, donor)
+    broadcast_optimizer(ctx, comm, optimizer, donor)
     return places[donor], {"donor": donor, "steps": [None if place is None else place.step for place in places],
                            "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
 
 
-def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, donor: int) -> None:
-    """The donor's optimizer state on every rank: its layout (which tensors, shapes, dtypes, and the
-    plain values) through the parent, the tensors over the communicator."""
+def broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, donor: int,
+                        receivers: set[int] | None = None) -> None:
+    """The donor's optimizer state into the ``receivers``' (None: every other rank's): its layout (which
+    tensors, shapes, dtypes, and the plain values) through the parent, the tensors over the communicator.
+    Every rank calls it; ``optimizer`` is the one the donor gives and a receiver loads (unused elsewhere)."""
+    takes = ctx.rank != donor and (receivers is None or ctx.rank in receivers)
     tensors: list[torch.Tensor] = []
     layout = _layout(optimizer.state_dict(), tensors) if ctx.rank == donor else None
     layout = ctx.exchange(ctx.unique_tag("optimizer-layout"), layout)[donor]
@@ -160,13 +163,13 @@ def _broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, 
     for slot, tensor in zip(slots, tensors):
         carrier = tensor.to(device).contiguous()
         comm.broadcast(carrier, root=donor)
-        if ctx.rank == donor:
+        if not takes:
             continue
         # In the donor's strides: a fused optimizer wants its state laid out as the parameters are
         # (channels_last, say). On this rank's GPU: the donor's "cuda:0" need not be this rank's.
         here = torch.device("cpu") if torch.device(slot.device).type == "cpu" else device
         received.append(torch.empty_strided(slot.shape, slot.stride, dtype=slot.dtype, device=here).copy_(carrier))
-    if ctx.rank != donor:
+    if takes:
         optimizer.load_state_dict(_fill(layout, received))
 
 

@@ -13,7 +13,7 @@ import torch
 from harness.collectives.flat import FlatParameters
 from harness.collectives.compress import make_codec
 from harness.collectives.outer import OuterOptimizer, OuterSynchroniser
-from harness.collectives.shards import ShardedGradients, ShardLayout
+from harness.collectives.shards import Replica, ShardedGradients, ShardLayout
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 from harness.data.batch import Batch, call_model
 from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
@@ -62,13 +62,14 @@ def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractCo
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                       optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None,
-                      report: Callable[[dict], None] | None = None) -> Synchroniser:
+                      report: Callable[[dict], None] | None = None, replica: Replica | None = None) -> Synchroniser:
     """A world of one has nothing to average: the base Synchroniser does nothing (no gradient hooks,
     no collectives), so one worker steps as a plain loop does; except with --zero, whose optimizer
     updates ``shards`` (then a world of one runs the sharded path, one piece a bucket), and param mode's
-    outer optimizer (DiLoCo's outer momentum works on one worker too). ``report``: rank 0's outer_sync records."""
+    outer optimizer (DiLoCo's outer momentum works on one worker too). ``report``: rank 0's outer_sync records;
+    ``replica``: --zero's copy of the previous rank's shard, when the group heals in place."""
     if shards is not None:
-        return ShardedGradients(comm, flat, shards, config.zero)
+        return ShardedGradients(comm, flat, shards, config.zero, replica)
     if config.outer:
         nesterov = config.outer_optimizer == "nesterov"
         outer = OuterOptimizer(config.outer_optimizer, config.outer_lr or (0.7 if nesterov else 1.0),

@@ -150,9 +150,11 @@ def _remote_plan(config: TrainConfig) -> tuple[list[int], TrainConfig]:
 def gpu_heal_limit(config: TrainConfig) -> str | None:
     """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
     if its collectives completed (harness/resilience/heal.py), which a fused optimizer can be told;
-    param mode's averaging and workers sharing a GPU have no such guard yet."""
+    param mode's averaging, workers sharing a GPU and --zero's shard replicas have no such guard yet."""
     if config.workers_per_gpu > 1:
         return f"--workers-per-gpu {config.workers_per_gpu}"
+    if config.zero:     # the shard replica's update is not yet guarded by the ticket nor rewound after warm-up
+        return f"--zero {config.zero}"
     if config.mode == "param":
         return "--mode param"
     if (config.optimizer_impl or default_impl(config.optimizer)) != "fused":
@@ -163,7 +165,8 @@ def gpu_heal_limit(config: TrainConfig) -> str | None:
 
 def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
     """Whether a dead worker is replaced and healed from the survivors (else the group restarts from the
-    last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart."""
+    last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart; --zero
+    heals in place only with --heal on, which keeps a replica of each shard on the next worker."""
     if not config.max_restarts or config.heal == "off":
         return False
     if config.outer:
@@ -172,12 +175,8 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
                               "are not handed over yet, so the run restarts from the last checkpoint instead; drop "
                               "--heal on (save often with --save-every-steps)")
         return False
-    if config.zero:
-        if config.heal == "on":
-            raise ConfigError(f"--heal on: with --zero {config.zero} a dead worker's shard of the optimizer state is "
-                              "kept nowhere else, so the run restarts from the last checkpoint instead; drop --heal on "
-                              "(save often with --save-every-steps)")
-        return False
+    if config.zero and config.heal != "on":
+        return False        # a replica of each shard (healing in place) costs memory: only when asked for
     limit = gpu_heal_limit(config) if gpus else None
     if limit and config.heal == "on":
         raise ConfigError(f"--heal on: GPU workers heal in place in grad mode, with a fused optimizer, one worker "

@@ -189,8 +189,10 @@ def _failures(a: Callable[..., Any]) -> None:
     a("--heal", choices=("on", "off"),
       help="with --max-restarts: on (the default) replaces a dead worker while the others wait, and the survivors "
            "hand it their state, so only the interrupted update is redone; off restarts every worker from the "
-           "last checkpoint (also what GPU workers do in param mode, with --workers-per-gpu above 1 or with a "
-           "non-fused optimizer; --heal on with them is an error)")
+           "last checkpoint (also what GPU workers do in param mode, with --workers-per-gpu above 1, with --zero or "
+           "with a non-fused optimizer; --heal on with them is an error). --zero heals in place only with --heal on, "
+           "which keeps a replica of each worker's shard on the next worker (a second 1/N of optimizer state and "
+           "gradients, and 1/N of the gradients sent on each update)")
 
 
 GROUPS = (("model and data", _model_and_data), ("workers and placement", _workers),

@@ -28,7 +28,7 @@ import torch
 
 from harness.collectives import ncclstop
 from harness.collectives.flat import FlatParameters
-from harness.collectives.shards import ShardLayout
+from harness.collectives.shards import Replica, ShardLayout
 from harness.control import timeline
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import evaluation_batches
@@ -36,6 +36,7 @@ from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_st
 from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
+from harness.resilience.shard_heal import Progress, hand_over_shards
 from harness.training.build import (autocast, load_data, make_batches, make_model, make_optimizer, make_synchroniser,
                                     model_loss)
 from harness.training.config import TrainConfig
@@ -110,6 +111,8 @@ class Worker:
         self.shards = ShardLayout(self.flat, self.world, self.rank, config.bucket_mb) if config.zero else None
         self.optimizer = make_optimizer(config, self.shards.pieces if self.shards else self.model.parameters(),
                                         self.device)
+        # healing in place: a copy of the previous rank's shard, kept here (harness/resilience/shard_heal.py)
+        self.replica = self.make_replica() if self.shards is not None and config.heal_in_place else None
         self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
         # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
         # the gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
@@ -143,6 +146,8 @@ class Worker:
         self.model.load_state_dict(saved["model"])
         if self.shards is not None:
             load_state(self.optimizer, self.shards, saved["optimizer"], self.model)
+            if self.replica is not None:
+                load_state(self.replica.optimizer, self.replica.layout, saved["optimizer"], self.model)
         else:
             load_optimizer_state(self.optimizer, saved["optimizer"])
         if self.scaler is not None and saved.get("loss_scale"):     # older checkpoints: the initial scale
@@ -153,6 +158,16 @@ class Worker:
             raise ValueError(f"--resume {self.config.resume} stopped after batch {self.state.position} of an epoch, "
                              f"but an epoch has {self.batches.steps_per_epoch} batches now; resume with the data "
                              "it was trained on")
+
+    def make_replica(self) -> Replica:
+        """The layout of the previous rank's shard and an optimizer over it (ShardedGradients keeps it
+        up to date)."""
+        layout = ShardLayout(self.flat, self.world, (self.rank - 1) % self.world, self.config.bucket_mb, own_grads=True)
+        return Replica(layout, make_optimizer(self.config, layout.pieces, self.device))
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """This rank's optimizer, and its replica's (--zero, healing in place)."""
+        return [self.optimizer] + ([self.replica.optimizer] if self.replica is not None else [])
 
     def _graph_example(self) -> tuple | None:
         """A CUDA graph's static inputs: the first batch, put back in front of the stream."""
@@ -169,7 +184,7 @@ class Worker:
         step only where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
         config = self.config
         self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards,
-                                      report=self.ctx.send if self.lead else None)
+                                      report=self.ctx.send if self.lead else None, replica=self.replica)
         if start:
             self.sync.start()
         if start and self.saved_ranks:      # each rank's own part of the checkpoint (param mode's outer optimizer)
@@ -178,7 +193,8 @@ class Worker:
             load_optimizer_state(self.optimizer, mine["optimizer"])
         ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
-            self.scaler.bind(self.optimizer)
+            for optimizer in self.optimizers():
+                self.scaler.bind(optimizer)
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
         if graph is not False and self.device.type == "cuda" and not getattr(self.data.train, "static_shapes", True):
             graph = False
@@ -255,7 +271,8 @@ class Worker:
         """One update (its micro-batches, the synchronisation, the optimizer), then the stop vote."""
         s = self.state
         if self.scheduled:
-            set_lr(self.optimizer, self.lr_at(s.step))
+            for optimizer in self.optimizers():
+                set_lr(optimizer, self.lr_at(s.step))
         loss = self.train_step(batch)
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
@@ -284,7 +301,8 @@ class Worker:
             first_loss = loss.item()
             timeline.mark(self.marks, "first_step")
             ranks = self.ctx.exchange(self.ctx.unique_tag("memory"),
-                                      {"rank": self.rank, **memory_usage(self.flat, self.sync, self.optimizer, self.device)})
+                                      {"rank": self.rank,
+                                       **memory_usage(self.flat, self.sync, self.optimizers(), self.device)})
             if self.lead:
                 self.ctx.send({"event": "first_step", "step": s.step, "loss": first_loss})
                 largest = self.shards.largest_bucket_mb() if self.shards is not None else None
@@ -389,6 +407,7 @@ class Worker:
         """A collective failed: if a peer died, rejoin the group's next generation and heal from where the
         GPU really stands (a ticket's count, which may be behind the CPU's); else re-raise ``error``."""
         phases = {"failed": time.time()}
+        progress = Progress(self.sync.reduced, self.sync.applied) if self.replica is not None else None
         self.sync.close()
         self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
         timeline.mark(phases, "rejoined")
@@ -398,16 +417,22 @@ class Worker:
         where = self.state.where()
         if ticket is not None:
             where = rewind(where, ticket.applied(), self.batches.steps_per_epoch)
-        self.heal(where, phases, queued=self.state.step - where.step)
+        self.heal(where, phases, queued=self.state.step - where.step, progress=progress)
 
-    def heal(self, where: Where | None, phases: dict, queued: int | None = None) -> None:
+    def heal(self, where: Where | None, phases: dict, queued: int | None = None,
+             progress: Progress | None = None) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/resilience/heal.py):
         take the donor's state and place, and go on from there. ``where`` is None on the replacement itself.
         ``phases``: when this rank reached each phase of the heal; ``queued``: updates it had issued past
-        the last one applied. The lead reports every rank's."""
+        the last one applied; ``progress``: how far the interrupted update got (--zero). The lead reports
+        every rank's."""
         began = time.monotonic()
-        place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
-                                   average=self.config.mode == "param")
+        if self.replica is not None:        # --zero: the dead rank's shard from its replica
+            place, summary = hand_over_shards(self.ctx, self.comm, self.flat, self.shards, self.optimizer, self.replica,
+                                              where, progress, self.batches.steps_per_epoch)
+        else:
+            place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
+                                       average=self.config.mode == "param")
         timeline.mark(phases, "handed_over")
         if self.scaler is not None:
             self.scaler.share(self.comm, summary["donor"])

@@ -143,13 +143,13 @@ def worker_memory_mb(pid: int | None = None) -> float | None:
         return None
 
 
-def memory_usage(flat, sync, optimizer, device) -> dict:
+def memory_usage(flat, sync, optimizers, device) -> dict:
     """What a worker holds for training, in MiB: parameters (the flat buffers), gradients (the flat
-    buffers and a sharded synchroniser's pieces and staging), optimizer state (its tensors, each
-    storage once) and, on a GPU, the peak allocated so far (None on CPU). The "memory" record's
+    buffers and a sharded synchroniser's pieces, staging and replica), optimizer state (the tensors of
+    ``optimizers``, each storage once: --zero's replica has one of its own) and, on a GPU, the peak allocated so far (None on CPU). The "memory" record's
     per-rank entry (--zero shards the last three)."""
     import torch
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for optimizer in optimizers
                 for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)}
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"param_mb": sum(t.nbytes for t in flat.params) / 2**20, "grad_mb": sync.gradient_bytes() / 2**20,

@@ -96,11 +96,11 @@ class TrainStep:
         self.sync.after_backward()
         if self.ticket is not None:
             self.ticket.punch()
-        grads = self.sync.update_grads()
+        grads, followers = self.sync.update_grads(), self.sync.follower_grads()
         if self.scaler is not None:     # unscaled before clipping; an overflowing update is skipped
-            self.scaler.unscale_(grads, self.sync.combine)
+            self.scaler.unscale_(grads + followers, self.sync.combine)
         if self.clip is not None:
-            self.grad_norm = clip_grad_norm(grads, self.clip, self.sync.combine)
+            self.grad_norm = clip_grad_norm(grads, self.clip, self.sync.combine, followers)
         self.optimizer.step()
         self.sync.after_update()
         return loss
@@ -119,18 +119,20 @@ class TrainStep:
 
 
 def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
-                   combine: Callable[[torch.Tensor, str], None] | None = None) -> torch.Tensor:
+                   combine: Callable[[torch.Tensor, str], None] | None = None,
+                   followers: list[torch.Tensor] = ()) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` on the flat gradient buffers: a norm per buffer (a few,
     not one per parameter) and no host synchronisation, so a CUDA graph captures it. Returns the
     global norm before clipping. ``combine``: where ``grads`` are this rank's shards, the squared norm
-    is summed over the ranks (one all-reduce of a scalar), so every rank clips by the same norm."""
+    is summed over the ranks (one all-reduce of a scalar), so every rank clips by the same norm.
+    ``followers`` are scaled alike without counting in the norm (another rank's shard, replicated)."""
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
     if combine is not None:
         square = norm * norm
         combine(square, "sum")
         norm = square.sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for g in grads:
+    for g in (*grads, *followers):
         g.mul_(scale.to(g.dtype))
     return norm
 

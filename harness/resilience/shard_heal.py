@@ -1,0 +1,86 @@
+"""Healing in place with --zero: a dead rank's shard comes back from its replica on the next rank.
+
+With --zero no rank holds the whole optimizer state, so the replicas' hand-over (heal.py: the donor
+broadcasts everything) has nothing whole to give. Instead each rank keeps a replica of its
+predecessor's shard, stepped beside its own (harness/collectives/shards.py, ``Replica``), and the
+replacement for dead rank d is given
+- its shard's optimizer state by rank d + 1, from that rank's replica,
+- its replica (of rank d - 1's shard) by rank d - 1, from that rank's own optimizer,
+- the parameters by their owners, bucket by bucket: each rank broadcasts its own pieces, and rank
+  d + 1 broadcasts d's from its replica's (the updated values are there: the replica's optimizer
+  updates the flat parameters in d's range before the all-gather overwrites them with d's).
+
+Where the interrupted update stood: a rank reports whether its pieces were reduced and replicated
+(``reduced``) and whether its optimizers stepped (``applied``). The update's last collective before
+the step is an all-reduce every rank enters only once its replica holds its predecessor's gradients,
+so if any rank stepped, every rank got that far, the dead one included: its shard's replica stepped
+too. Then the survivors that stepped are one update ahead of those that did not, which cannot go back
+(the step's old state is gone); the ones behind can go forward only where they have all the step
+needs. So: every survivor stepped, and the run goes on after the interrupted update; none did, and it
+redoes it; some did (a death inside that last all-reduce, with three ranks or more), and the heal is
+refused with an error that says to resume from the last checkpoint. Two dead ranks at once lose a shard
+with its replica when they are neighbours; that heal is refused too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.collectives.flat import FlatParameters
+from harness.collectives.shards import Replica, ShardLayout
+
+from .heal import Where, broadcast_optimizer, rewind
+
+
+@dataclass
+class Progress:
+    """How far a rank got in the update a death interrupted."""
+    reduced: bool
+    applied: bool
+
+
+class ShardHealRefused(RuntimeError):
+    """The survivors cannot rebuild the dead rank's shard exactly (see the module's docstring)."""
+
+
+def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLayout, optimizer: torch.optim.Optimizer,
+                     replica: Replica, where: Where | None, progress: Progress | None,
+                     steps_per_epoch: int) -> tuple[Where, dict]:
+    """Collective on every rank of the new generation; ``where`` and ``progress`` are None on the
+    replacement. Returns (where the group goes on from, a summary for the log)."""
+    reports = ctx.exchange(ctx.unique_tag("shard-heal"), (where, progress))
+    dead = [rank for rank, (place, _) in enumerate(reports) if place is None]
+    survivors = [rank for rank in range(comm.size) if rank not in dead]
+    if len(dead) != 1:
+        raise ShardHealRefused(f"--zero heals one dead worker at a time, and ranks {dead} were replaced together; "
+                               "resume from the last checkpoint (--resume)")
+    applied = {rank: reports[rank][1].applied for rank in survivors}
+    if len(set(applied.values())) > 1:
+        behind = [rank for rank, done in applied.items() if not done]
+        raise ShardHealRefused(f"ranks {behind} had not applied update {reports[survivors[0]][0].step + 1} when the "
+                               "others had, and a sharded optimizer cannot go back; resume from the last checkpoint "
+                               "(--resume)")
+    place = reports[survivors[0]][0]
+    if applied[survivors[0]]:       # the interrupted update is done on every rank but for its all-gather
+        place = rewind(place, place.step + 1, steps_per_epoch)
+    (d,) = dead
+    after, before = (d + 1) % comm.size, (d - 1) % comm.size
+    gather_owned(comm, layout, d)
+    for tensor in flat.buffers:
+        comm.broadcast(tensor, root=survivors[0])
+    broadcast_optimizer(ctx, comm, replica.optimizer if ctx.rank == after else optimizer, after, {d})
+    broadcast_optimizer(ctx, comm, optimizer if ctx.rank == before else replica.optimizer, before, {d})
+    return place, {"donor": after, "steps": [None if p is None else p.step for p, _ in reports], "steps_lost": 0,
+                   "redone": not applied[survivors[0]]}
+
+
+def gather_owned(comm: Any, layout: ShardLayout, dead: int) -> None:
+    """Every piece of the flat parameters from its owner; the dead rank's from its successor's replica."""
+    for bucket in layout.buckets:
+        for owner in range(comm.size):
+            first, last = bucket.owned(owner)
+            if last > first:
+                root = (dead + 1) % comm.size if owner == dead else owner
+                comm.broadcast(bucket.segment.params[first:last], root=root)
