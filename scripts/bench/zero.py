@@ -2,6 +2,7 @@
 workers, side by side.
 
 Rows (``bench_zero.json``, a list ``rows``): ``model``, ``workers``, ``zero``, ``variant`` (``harness``),
+``replica`` (``--replica``: --zero with --heal on, each shard replicated on the next worker),
 per worker ``param_mb``, ``grad_mb``, ``optimizer_mb`` (the largest over the ranks, from the run's
 "memory" record) and ``peak_mb`` (GPU workers: peak allocated; None on CPU), ``step_ms`` (from the
 end of the first update to the end of the run), ``largest_bucket_mb`` and ``device``. The default model is
@@ -31,14 +32,16 @@ MODEL = ["--model", "mlp", "--model-options", json.dumps({"hidden": [1024, 1024,
 RECIPE = ["--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "8", "--clip-grad", "1.0", "--bucket-mb", "4"]
 
 
-def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], model: str = "mlp-4x1024") -> dict:
-    flags = [*extra, "--zero", str(zero), "--max-steps", str(steps), "--save", ""]
-    records = run_train(flags, scratch / f"{model}-w{workers}-z{zero}", ROOT)
+def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], model: str = "mlp-4x1024",
+        replica: bool = False) -> dict:
+    flags = [*extra, "--zero", str(zero), "--max-steps", str(steps), "--save", "",
+             *(["--heal", "on", "--max-restarts", "1"] if replica else [])]
+    records = run_train(flags, scratch / f"{model}-w{workers}-z{zero}{'-replica' * replica}", ROOT)
     memory = next(r for r in records if r["event"] == "memory")
     largest = {key: max(rank[key] or 0 for rank in memory["ranks"]) for key in ("param_mb", "grad_mb", "optimizer_mb")}
     peaks = [rank["peak_mb"] for rank in memory["ranks"] if rank["peak_mb"] is not None]
     done = next(r for r in records if r["event"] == "done")
-    return {"model": model, "workers": workers, "zero": zero, "variant": "harness", **largest,
+    return {"model": model, "workers": workers, "zero": zero, "variant": "harness", "replica": replica, **largest,
             "peak_mb": max(peaks) if peaks else None, "peak_reserved_mb": done.get("peak_gpu_mb"),
             "step_ms": 1000 / updates_per_s(records), "largest_bucket_mb": memory["largest_bucket_mb"],
             "device": device()}
@@ -74,6 +77,8 @@ def main() -> None:
     p.add_argument("--gpus", action="store_true", help="one worker per GPU (--gpus 0,...,N-1) instead of CPU workers")
     p.add_argument("--peers", action="store_true", help="GPT-2 124M against DDP, ZeroRedundancyOptimizer and FSDP2 "
                                                         "under torchrun (GPUs; see above)")
+    p.add_argument("--replica", action="store_true",
+                   help="also --zero 1 and 2 with --heal on (each shard replicated on the next worker; row replica true)")
     p.add_argument("--variants", default="harness,ddp,torch-zero,fsdp2", help="with --peers: which rows")
     args = p.parse_args()
     args.out = args.out.resolve()
@@ -85,6 +90,8 @@ def main() -> None:
             where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
             extra = [*MODEL, *RECIPE, *where]
             found = [row(workers, zero, args.steps, args.out / "logs", extra) for zero in (0, 1, 2)]
+            if args.replica:
+                found += [row(workers, zero, args.steps, args.out / "logs", extra, replica=True) for zero in (1, 2)]
         for found_row in found:
             rows.append(found_row)
             append_jsonl(args.out / "rows.jsonl", found_row)
