@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tests and the GPU benchmarks, run on a machine with NVIDIA GPUs:
 #
-#     bash scripts/gpu_checks.sh PART...      PART: collectives train data shared startup mps all
+#     bash scripts/gpu_checks.sh PART...      PART: collectives train data shared startup mps multi zero all
 #
 #   collectives  tests/test_collectives_gpu.py, the collectives demo, all-reduce bandwidth against
 #                torch.distributed, the control-plane benchmark
@@ -14,7 +14,10 @@
 #                start-up timeline, Test.py's imports and profile, import torch and a CUDA context
 #   mps          the MPS scripts around Train.py and Test.py, then Train.py --mps (the GPUs' compute
 #                mode is never changed)
-#   all          every part, in that order
+#   multi        scripts.bench.multi on every GPU: Train.py against torchrun + DDP compiled and
+#                nanoGPT's train.py under torchrun (a nanoGPT checkout in .nanogpt: carry it)
+#   zero         scripts.bench.zero --peers on every GPU: --zero 0/1/2 against DDP, ZeRO and FSDP2
+#   all          every part, in that order (multi and zero need several GPUs; each is a call of its own)
 #
 # It runs from the checkout root with the project installed (pip install -e .) and writes its logs
 # and results under $OUT (default /tmp/gpu-checks); many small files (training runs' logs) go in
@@ -23,8 +26,9 @@
 #
 # On the lent GPU machine (the device tool: it copies this working tree there and sends $OUT back):
 # once, from the checkout root here, run the workplace's shared/device/prep.sh, which puts a pyzmq
-# wheel in .whl/ and the device-side runner in .devtools/ (both ignored by git); then call the
-# device tool with carry [".whl", ".devtools"] and the command
+# wheel in .whl/ and the device-side runner in .devtools/ (both ignored by git; add a simplejpeg wheel
+# to .whl/ the same way, which the data tests decode with); then call the device tool with carry
+# [".whl", ".devtools"] (and ".nanogpt" for multi and zero) and the command
 #     bash .devtools/on-device.sh bash scripts/gpu_checks.sh collectives
 # on-device.sh installs the carried wheels, keeps NVLink multicast off, puts the checkout on
 # PYTHONPATH and runs the rest. A call may run for 10 minutes at most: one or two parts a call.
@@ -145,14 +149,28 @@ mps() {   # every step's outcome is printed
     echo "=== Train.py --mps: rc=${PIPESTATUS[0]}; MPS processes left: $(leftover)"
 }
 
+multi() {      # ~10 minutes on 2 GPUs: ResNet-50 and GPT-2 rows, 4 and 5 variants
+    local n
+    n=$(gpu_count)
+    timeout 560 python3 -m scripts.bench.multi --gpus "$n" --steps '{"resnet50": 150, "gpt-nanogpt": 20}' \
+        --out "$out/multi" 2>&1 | tee "$out/multi.log"
+    cp "$out/multi/rows.jsonl" "$out/multi_rows.jsonl"
+}
+
+zero() {       # ~4 minutes on 2 GPUs: GPT-2 under --zero 0/1/2, DDP, ZeroRedundancyOptimizer, FSDP2
+    timeout 400 python3 -m scripts.bench.zero --workers "$(gpu_count)" --gpus --peers --steps 30 \
+        --out "$out/zero" 2>&1 | tee "$out/zero.log"
+    cp "$out/zero/rows.jsonl" "$out/zero_rows.jsonl"
+}
+
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 
 [ $# -gt 0 ] || { usage >&2; exit 2; }
 parts=()
 for part in "$@"; do
     case $part in
-        collectives|train|data|shared|startup|mps) parts+=("$part") ;;
-        all) parts+=(collectives train data shared startup mps) ;;
+        collectives|train|data|shared|startup|mps|multi|zero) parts+=("$part") ;;
+        all) parts+=(collectives train data shared startup mps multi zero) ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; echo "gpu_checks.sh: unknown part '$part'" >&2; exit 2 ;;
     esac
