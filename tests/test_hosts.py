@@ -27,7 +27,7 @@ from tests.helpers.ci import missing
 from tests.helpers.netns_hosts import Hosts, why_no_slurm, why_not
 from tests.helpers.processes import harness_children, wait_gone
 from tests.helpers.runs import finish, interrupt, start_train
-from tests.helpers.slow_model import SPEC as SLOW_MODEL
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import ROOT, flat_params, run_train, train_error
 
 COMMON = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]     # the runs compared with six local workers
@@ -187,12 +187,14 @@ def test_a_worker_killed_under_slurm_fails_the_job_naming_its_node_and_leaves_no
     assert children_on(hosts) == []
 
 
-def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_uninterrupted_one(hosts, tmp_path,
-                                                                                                monkeypatch):
+def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_uninterrupted_one(hosts, slow_straight,
+                                                                                                tmp_path, monkeypatch):
+    """The slow model's job (slow_model.FLAGS) on one worker on each of the three hosts: it must end with
+    the parameters of its uninterrupted run on three local workers (the ``slow_straight`` fixture)."""
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")      # as the local run's workers have: the same arithmetic
-    flags = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.03}', "--batch-size", "8",
-             "--max-steps", "60", "--save-every-steps", "20", "--heartbeat-timeout", "5"]
+    local = SLOW_FLAGS.index("--cpu-workers")
+    flags = [*SLOW_FLAGS[:local], *SLOW_FLAGS[local + 2:], "--save-every-steps", "20", "--heartbeat-timeout", "5"]
     remote = ["--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses), "--max-restarts", "1"]
     process = start_train(tmp_path, *flags, *remote)
     victim = children_on(hosts, 1)
@@ -202,8 +204,7 @@ def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_u
     assert status == 0, err
     heals = [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "recovered"]
     assert [(r["rank"], r["generation"]) for r in heals] == [(1, 1)] and left == []
-    _, straight = run_train(tmp_path, *flags, "--cpu-workers", "3", name="straight")
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
     assert children_on(hosts) == []
 
 
