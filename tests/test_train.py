@@ -8,15 +8,25 @@ import sys
 import pytest
 import torch
 
+import Test
 import Train
 from harness.training import run
 from harness.resilience.checkpoint import load_checkpoint
 from tests.helpers.training import ROOT, cli, flat_params, run_train, train_error
 
 
-def test_train_then_test_end_to_end(tmp_path):
+def test_train_then_test_end_to_end_from_another_directory_beside_a_huggingface_style_datasets_package(
+        tmp_path, capsys):
+    """The two commands, run from a directory other than the checkout's with a package called
+    ``datasets`` (as Hugging Face's is) first on the path: the harness's own datasets/ is used all the same."""
     save, logs = tmp_path / "model.pt", tmp_path / "logs"
-    trained = cli("Train.py", "--epochs", "6", "--save", str(save), "--log-dir", str(logs))
+    fake = tmp_path / "site" / "datasets"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('this is the Hugging Face datasets package')\n")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    trained = cli("Train.py", "--epochs", "6", "--save", str(save), "--log-dir", str(logs), env=env, cwd=elsewhere)
     assert trained.returncode == 0, trained.stderr
     assert "Epoch 6/6: average loss per sample" in trained.stdout + trained.stderr
     records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
@@ -24,13 +34,14 @@ def test_train_then_test_end_to_end(tmp_path):
     assert [r["epoch"] for r in epochs] == [1, 2, 3, 4, 5, 6]
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert (logs / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    tested = cli("Test.py", "--checkpoint", str(save))
+    tested = cli("Test.py", "--checkpoint", str(save), env=env, cwd=elsewhere)
     assert tested.returncode == 0, tested.stderr
     accuracy = float(next(l for l in tested.stdout.splitlines() if l.startswith("accuracy: ")).split()[1])
     assert accuracy > 0.85
     assert "confusion matrix" in tested.stdout
-    parallel = cli("Test.py", "--checkpoint", str(save), "--cpu-workers", "2", "--json")
-    result = json.loads(parallel.stdout)
+    # Test.py's evaluation on workers, in this process (the command line itself is tested just above)
+    assert Test.main(["--checkpoint", str(save), "--cpu-workers", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
     assert result["accuracy"] == pytest.approx(accuracy) and result["samples"] == 360
 
 
@@ -99,10 +110,19 @@ def test_corrupt_checkpoint_and_unwritable_save_path(tmp_path):
     assert result.returncode == 2 and str(corrupt) in result.stderr
 
 
-def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path):
-    _, save = run_train(tmp_path, "--epochs", "1")
-    result = cli("Train.py", "--resume", str(save), "--model-options", '{"hidden": [64]}', "--log-dir", str(tmp_path))
-    assert result.returncode == 2 and "--model-options {}" in result.stderr
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """One epoch of the default job, run once: (the workers' results, its checkpoint, its log folder)."""
+    folder = tmp_path_factory.mktemp("one_epoch")
+    results, save = run_train(folder, "--epochs", "1", name="timeline")
+    return results, save, folder / "timeline"
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(one_epoch, tmp_path, monkeypatch, capsys):
+    _, save, _ = one_epoch
+    line = train_error("--resume", str(save), "--model-options", '{"hidden": [64]}', "--log-dir", str(tmp_path),
+                       monkeypatch=monkeypatch, capsys=capsys)
+    assert "--model-options {}" in line
 
 
 def test_validation_split_smaller_than_the_worker_count(tmp_path):
@@ -126,22 +146,9 @@ def test_oddeven_prints_the_seeds_lines(tmp_path):
     assert lines and all(re.fullmatch(r"Input: \d+, Prediction: [01]\.\d\d \(> 0\.5 => odd\)", l) for l in lines), lines
 
 
-def test_works_with_a_huggingface_style_datasets_package_installed(tmp_path):
-    fake = tmp_path / "site" / "datasets"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('this is the Hugging Face datasets package')\n")
-    elsewhere = tmp_path / "cwd"
-    elsewhere.mkdir()
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
-    result = cli("Train.py", "--epochs", "1", "--save", str(tmp_path / "m.pt"), "--log-dir", str(tmp_path / "l"),
-                 env=env, cwd=elsewhere)
-    assert result.returncode == 0, result.stderr
-    assert cli("Test.py", "--checkpoint", str(tmp_path / "m.pt"), env=env, cwd=elsewhere).returncode == 0
-
-
-def test_startup_timeline_marks_every_phase_in_order(tmp_path):
-    results, _ = run_train(tmp_path, "--epochs", "1", name="timeline")
-    record = [json.loads(line) for line in (tmp_path / "timeline" / "metrics.jsonl").read_text().splitlines()][-1]
+def test_startup_timeline_marks_every_phase_in_order(one_epoch):
+    _, _, logs = one_epoch
+    record = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()][-1]
     assert record["event"] == "startup" and len(record["workers"]) == 2
     assert list(record["parent"]) == ["process", "checked", "forked", "first_step"]
     for marks in record["workers"]:
@@ -150,6 +157,6 @@ def test_startup_timeline_marks_every_phase_in_order(tmp_path):
         # a worker is created after the parent's checks: its first mark on the same (wall) clock comes later
         # ("process" comes from /proc, in 10 ms ticks since boot: it is compared with the worker's own marks only)
         assert record["parent"]["checked"] <= marks["imported"] and marks["first_step"] <= record["time"]
-    shown = subprocess.run([sys.executable, str(ROOT / "scripts" / "startup_timeline.py"), str(tmp_path / "timeline")],
+    shown = subprocess.run([sys.executable, str(ROOT / "scripts" / "startup_timeline.py"), str(logs)],
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "communicator" in shown.stdout and "rank 1" in shown.stdout
