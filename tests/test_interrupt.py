@@ -1,20 +1,37 @@
 """Ctrl-C and SIGTERM: Train.py stops at an update every worker agrees on, saves a checkpoint that
 --resume continues exactly, says so in one line and exits 128 + the signal; a second signal stops
-at once. Either way no process and nothing under TMPDIR is left. Real processes, real signals."""
+at once. Either way no process and nothing under TMPDIR is left; the command the stop prints, pasted
+as it is, continues the run to where an uninterrupted one ends. Real processes, real signals."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import time
 
+import torch
+
 from harness import Parent
-from tests.helpers.runs import finish, interrupt, left_in_tmp, start_train, wait_for_stderr
+from harness.resilience.checkpoint import load_checkpoint
+from tests.helpers.runs import finish, interrupt, interrupted, left_in_tmp, start_train, wait_for_stderr
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
 from tests.helpers.training import flat_params, run_train
 
 
-def test_ctrl_c_saves_and_exits_130(tmp_path):
-    interrupt(tmp_path, signal.SIGINT, True, ["--epochs", "1000"])
+def test_ctrl_c_saves_exits_130_and_the_command_it_prints_continues_to_where_an_uninterrupted_run_ends(tmp_path):
+    flags = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.02}', "--batch-size", "8", "--epochs", "2"]
+    stopped, checkpoint, command = interrupted(tmp_path, signal.SIGINT, True, flags)
+    words = shlex.split(command)
+    assert words[0] == "python" and words[2:4] == ["--resume", str(tmp_path / "model.pt")] == ["--resume", checkpoint]
+    assert load_checkpoint(checkpoint)["step"] == stopped
+    resumed = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    ended = load_checkpoint(tmp_path / "model.pt")
+    assert stopped < ended["step"] == load_checkpoint(straight)["step"]
+    assert torch.equal(flat_params(tmp_path / "model.pt"), flat_params(straight))
 
 
 def test_sigterm_to_the_parent_saves_a_checkpoint_that_resumes_exactly(tmp_path):

@@ -1,13 +1,11 @@
 """What a run writes and how it goes on: one run per output (a second run on the same checkpoint or
 log folder is refused, naming the first's pid), a checkpoint write that removes only dead writers'
-leftovers, a resume that continues the checkpointed run (the command printed on Ctrl-C works pasted
-as it is), and a diverged run that stops with the last good checkpoint kept."""
+leftovers, a resume that continues the checkpointed run (tests/test_interrupt.py pastes the command
+printed on Ctrl-C), and a diverged run that stops with the last good checkpoint kept."""
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import kill_session
 from tests.helpers.runs import finish, start_train, wait_for_record, workers_of
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
-from tests.helpers.training import ROOT, cli, flat_params, run_train
+from tests.helpers.training import ROOT, cli, run_train, train_error
 
 
 def test_two_runs_started_together_on_one_output_one_trains_the_other_is_refused(tmp_path):
@@ -61,31 +59,16 @@ def test_a_checkpoint_write_removes_dead_writers_leftovers_only(tmp_path):
         alive.wait()
 
 
-def test_the_command_printed_on_ctrl_c_continues_to_where_an_uninterrupted_run_ends(tmp_path):
-    flags = ["--model", SLOW_MODEL, "--model-options", '{"delay": 0.02}', "--batch-size", "8", "--epochs", "2"]
-    process = start_train(tmp_path, *flags)
-    os.killpg(process.pid, signal.SIGINT)
-    status, err, _, _ = finish(process, tmp_path)
-    assert status == 130, err
-    command = re.search(r"continue with: (.*)$", err.strip().splitlines()[-1])[1]
-    words = shlex.split(command)
-    assert words[0] == "python" and words[2:4] == ["--resume", str(tmp_path / "model.pt")]
-    stopped = load_checkpoint(tmp_path / "model.pt")["step"]
-    resumed = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr
-    _, straight = run_train(tmp_path, *flags, name="straight")
-    ended = load_checkpoint(tmp_path / "model.pt")
-    assert stopped < ended["step"] == load_checkpoint(straight)["step"]
-    assert torch.equal(flat_params(tmp_path / "model.pt"), flat_params(straight))
-
-
-def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_change(tmp_path):
-    save = tmp_path / "model.pt"
-    assert cli("Train.py", "--epochs", "2", "--lr", "0.02", "--save", str(save), "--log-dir", str(tmp_path / "l")).returncode == 0
-    done = cli("Train.py", "--resume", str(save))
-    assert done.returncode == 2 and "nothing is left to train; pass a larger --epochs or --max-steps" in done.stderr
-    changed = cli("Train.py", "--resume", str(save), "--epochs", "3", "--optimizer", "adam")
-    assert changed.returncode == 2 and "continues a run of --optimizer 'sgd'; drop --optimizer" in changed.stderr, changed.stderr
+def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_change(tmp_path, monkeypatch, capsys):
+    _, save = run_train(tmp_path, "--epochs", "2", "--lr", "0.02", name="model")
+    capsys.readouterr()                 # the run's own output
+    # the refusals in this process (Train.main: exit 2, one line); the resume that trains on the command line
+    done = train_error("--resume", str(save), monkeypatch=monkeypatch, capsys=capsys)
+    assert "nothing is left to train; pass a larger --epochs or --max-steps" in done
+    changed = train_error("--resume", str(save), "--epochs", "3", "--optimizer", "adam", monkeypatch=monkeypatch,
+                          capsys=capsys)
+    assert "continues a run of --optimizer 'sgd'; drop --optimizer" in changed
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     longer = cli("Train.py", "--resume", str(save), "--epochs", "3")
     assert longer.returncode == 0, longer.stderr
     resumed = load_checkpoint(save)

@@ -116,6 +116,12 @@ def finish(process: subprocess.Popen, tmp_path: Path) -> tuple[int, str, list[in
 def interrupt(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[str]) -> tuple[int, str]:
     """Train, send ``sig`` mid-run to the group (as Ctrl-C does) or to the parent only (as ``kill``
     does); check the clean stop. Returns the update it stopped at and its checkpoint."""
+    step, checkpoint, _ = interrupted(tmp_path, sig, to_group, flags)
+    return step, checkpoint
+
+
+def interrupted(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[str]) -> tuple[int, str, str]:
+    """``interrupt``, which also returns the command the last line says to continue with."""
     process = start_train(tmp_path, *flags)
     os.killpg(process.pid, sig) if to_group else os.kill(process.pid, sig)
     status, err, left, _ = finish(process, tmp_path)
@@ -128,4 +134,4 @@ def interrupt(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[s
     assert match, line
     assert left == [] and left_in_tmp(tmp_path) == []
     assert int(match[2]) % 4 == 0     # StopVote.EVERY: every rank stopped at the same vote
-    return int(match[2]), match[3]
+    return int(match[2]), match[3], line.split("continue with: ", 1)[1]
