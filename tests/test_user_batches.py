@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import Test
 from harness.training.metrics import read_metrics
 from tests.helpers.training import cli, run_train, stop_and_resume
 
@@ -38,7 +39,7 @@ def test_a_loss_that_cannot_be_imported_is_one_line(tmp_path):
     assert result.returncode == 2 and "--loss: cannot import module 'nowhere.module'" in result.stderr
 
 
-def test_a_huggingface_gpt2_from_its_config_trains_on_a_datasets_dataset(tmp_path):
+def test_a_huggingface_gpt2_from_its_config_trains_on_a_datasets_dataset(tmp_path, capsys):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
     pytest.importorskip("datasets", reason="Hugging Face datasets is not installed (pip install -e '.[hf]')")
     options = '{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16}'
@@ -48,6 +49,7 @@ def test_a_huggingface_gpt2_from_its_config_trains_on_a_datasets_dataset(tmp_pat
     assert len({r["checksum"] for r in results}) == 1
     epochs = epochs_of(tmp_path, "hf")
     assert epochs[-1]["val_loss"] < 0.5 * epochs[0]["val_loss"], [e["val_loss"] for e in epochs]
-    tested = cli("Test.py", "--checkpoint", str(save), "--json")
-    assert tested.returncode == 0, tested.stderr
-    assert '"accuracy": null' in tested.stdout and '"loss": ' in tested.stdout
+    capsys.readouterr()
+    assert Test.main(["--checkpoint", str(save), "--json"]) == 0        # in this process: transformers is imported
+    tested = capsys.readouterr().out
+    assert '"accuracy": null' in tested and '"loss": ' in tested
