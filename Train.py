@@ -10,12 +10,14 @@ The same run from Python: harness.training.run(TrainConfig(...)); the flags are 
 """
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
 
 from harness import ChildError, ChildFailed
 from harness.control import timeline
+from harness.launch.cluster import lost_workers_exit
 from harness.resilience.interrupt import Interrupted, Interrupts
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
@@ -30,7 +32,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, train; the exit status: 0, 2 for bad input, 1 when training failed or diverged, 128 + the
-    signal's number when SIGINT or SIGTERM stopped the run at an update (saved; --resume continues)."""
+    signal's number when SIGINT or SIGTERM stopped the run at an update (saved; --resume continues), and
+    200 (RETRY_EXIT) when workers died past --max-restarts under a cluster engine, which may then restart
+    the job: it resumes from its checkpoint."""
     marks = timeline.start("imported")
     with Interrupts() as caught:
         try:
@@ -39,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:                    # a bad input, or the MPS daemon did not start
             print(f"Train.py: error: {e}", file=sys.stderr)
             return 2
-        except (ChildError, ChildFailed, GaveUp) as e:
+        except ChildError as e:                     # the training code raised: a restart would raise it again
             print(f"Train.py: training failed: {e}", file=sys.stderr)
             return 1
+        except (ChildFailed, GaveUp) as e:          # workers died: an engine that started us may start us again
+            print(f"Train.py: training failed: {e}", file=sys.stderr)
+            return lost_workers_exit(config.cluster, os.environ)
         except Diverged as e:
             print(f"Train.py: {e}", file=sys.stderr)
             return 1

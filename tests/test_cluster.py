@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from harness.launch.cluster import ClusterStart, check_start, detect
+from harness.launch.cluster import RETRY_EXIT, ClusterStart, check_start, detect
 from harness.training.checks import resolve
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import read_metrics
 from tests.helpers import ROOT
+from tests.helpers.runs import finish, start_train, workers_of
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 
 # What each engine sets for the process it starts, as its source sets it (trimmed to what matters):
 # torch/distributed/elastic/agent/server/local_elastic_agent.py, kubeflow/trainer (v1 PyTorchJob's
@@ -88,6 +91,19 @@ def test_a_restarted_job_resumes_from_the_checkpoint_it_was_writing(tmp_path, mo
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="--nproc-per-node 1"):
         resolve(TrainConfig(save=str(save)))
+
+
+def test_workers_dead_past_the_restart_budget_exit_with_a_status_the_engine_retries(tmp_path, monkeypatch):
+    """Under an engine a lost run exits RETRY_EXIT (>= 128: a PyTorchJob's ExitCode policy restarts the job,
+    which resumes), where a plain start exits 1 (tests/test_heal.py)."""
+    for name, value in {**RECORDED["torchrun"][0], "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    process = start_train(tmp_path, *SLOW_FLAGS)
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, out = finish(process, tmp_path)
+
+    assert status == RETRY_EXIT >= 128 and left == []
+    assert "started by torchrun" in out and "training failed" in err and "SIGKILL" in err
 
 
 def torchrun(tmp_path, per_node: int) -> subprocess.CompletedProcess:

@@ -31,6 +31,10 @@ from typing import Callable, Mapping
 # Slurm's step ids of a job's batch script, its interactive step and its external step (slurm.h's
 # SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP, SLURM_EXTERN_CONT): the job's own shell, not a task srun started.
 SLURM_SPECIAL_STEPS = ("4294967294", "4294967291", "4294967295")
+# Train.py's exit status when workers died more often than --max-restarts allows and an engine started it:
+# >= 128, which engines' restart policies retry (a PyTorchJob's ExitCode policy, torchrun's --max-restarts),
+# and above 128 + any signal's number. The restarted job resumes from its checkpoint by itself.
+RETRY_EXIT = 200
 ENGINES = ("torchrun", "kubeflow", "slurm", "mpi", "sagemaker", "skypilot")
 CHOICES = ("auto", "none", *ENGINES)
 
@@ -126,6 +130,15 @@ def detect(env: Mapping[str, str], cluster: str = "auto") -> ClusterStart | None
                              "not set); use --cluster auto, or none for a plain start")
         return found
     return next((found for detector in DETECTORS.values() if (found := detector(env)) is not None), None)
+
+
+def lost_workers_exit(cluster: str, env: Mapping[str, str]) -> int:
+    """The exit status for a run whose workers died past --max-restarts: RETRY_EXIT where an engine started
+    this process (it restarts the job, which resumes), else 1."""
+    try:
+        return RETRY_EXIT if detect(env, cluster) is not None else 1
+    except ValueError:
+        return 1
 
 
 def check_start(start: ClusterStart | None) -> None:
