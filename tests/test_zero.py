@@ -12,6 +12,8 @@ import Test
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import ShardLayout
 from harness.resilience.checkpoint import load_checkpoint
+from harness.resilience.heal import Where
+from harness.resilience.shard_heal import Progress, ShardHealRefused, agreed_place
 from harness.training import ConfigError
 from harness.training.checks import heals_in_place, resolve
 from harness.training.config import TrainConfig
@@ -127,6 +129,22 @@ def test_zero_heals_in_place_only_when_asked_and_not_yet_on_gpus():
     assert resolve(TrainConfig(zero=0, max_restarts=1))[1].heal_in_place is True
     with pytest.raises(ConfigError, match="--zero 1"):
         heals_in_place(TrainConfig(zero=1, max_restarts=1, heal="on"), gpus=[0])
+
+
+def test_a_sharded_heal_counts_an_update_applied_but_not_counted_and_refuses_ranks_an_update_apart():
+    """A survivor whose all-gather failed has stepped but not counted the update; one that finished it and
+    failed afterwards (the stop vote, say) has counted it: both stand after it. A survivor that had not
+    stepped when another had is an update behind, which a sharded optimizer cannot make up."""
+    def at(step, applied):
+        return Where(0, step, step, 1.0, 0), Progress(applied)
+    counted, uncounted, before = at(21, False), at(20, True), at(20, False)
+    assert agreed_place([counted, (None, None), uncounted], steps_per_epoch=100).step == 21
+    assert agreed_place([before, (None, None), before], steps_per_epoch=100).step == 20
+    assert agreed_place([uncounted, (None, None)], steps_per_epoch=21) == Where(1, 21, 0, 1.0, 0)
+    with pytest.raises(ShardHealRefused, match=r"ranks \[2\] had not applied update 21"):
+        agreed_place([uncounted, (None, None), before], steps_per_epoch=100)
+    with pytest.raises(ShardHealRefused, match="one dead worker at a time"):
+        agreed_place([(None, None), (None, None), before], steps_per_epoch=100)
 
 
 def test_a_killed_worker_of_a_sharded_run_is_healed_from_its_shards_replica_bit_for_bit(tmp_path):

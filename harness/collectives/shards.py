@@ -153,8 +153,8 @@ class Replica:
 
 class ShardedGradients(GradientAveraging):
     """The synchroniser of --zero ``stage`` (1 or 2) over ``layout`` (see the module's docstring), keeping
-    ``replica`` (healing in place) up to date as well. ``reduced`` and ``applied`` say how far the update
-    in progress got, for a heal: this rank's pieces (and its replica's) are reduced, its optimizers stepped."""
+    ``replica`` (healing in place) up to date as well. ``applied``, for a heal: this rank's optimizers
+    stepped on the update in progress, which the loop has not counted yet (``after_step`` counts it)."""
 
     def __init__(self, comm: Communicator, flat: FlatParameters, layout: ShardLayout, stage: int,
                  replica: Replica | None = None):
@@ -164,7 +164,7 @@ class ShardedGradients(GradientAveraging):
         if layout.size != comm.size:
             raise ValueError(f"a layout for {layout.size} ranks with a communicator of {comm.size}")
         self.layout, self.stage, self.replica = layout, stage, replica
-        self.reduced = self.applied = False
+        self.applied = False
         self._agreed = torch.zeros(1, device=layout.segments[0].params.device)
         largest: dict = {}
         for bucket in layout.buckets:
@@ -186,7 +186,6 @@ class ShardedGradients(GradientAveraging):
         if self.stage == 1:
             self.flat.zero_grad()
         self.reset()
-        self.reduced = self.applied = False
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -261,7 +260,6 @@ class ShardedGradients(GradientAveraging):
         self.reset()
         if self.replica is not None:
             self._replicate()
-        self.reduced = True
 
     def _replicate(self) -> None:
         """Each gradient piece to the next rank, into its replica of this shard; then a one-element
@@ -304,6 +302,10 @@ class ShardedGradients(GradientAveraging):
         for pending in self._open:
             pending.finish()
         self.reset()
+
+    def after_step(self, step: int) -> None:
+        """The loop counted the update (``step`` updates done): none is in progress."""
+        self.applied = False
 
     def gradient_bytes(self) -> int:
         staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())

@@ -10,16 +10,16 @@ replacement for dead rank d is given
   d + 1 broadcasts d's from its replica's (the updated values are there: the replica's optimizer
   updates the flat parameters in d's range before the all-gather overwrites them with d's).
 
-Where the interrupted update stood: a rank reports whether its pieces were reduced and replicated
-(``reduced``) and whether its optimizers stepped (``applied``). The update's last collective before
-the step is an all-reduce every rank enters only once its replica holds its predecessor's gradients,
-so if any rank stepped, every rank got that far, the dead one included: its shard's replica stepped
-too. Then the survivors that stepped are one update ahead of those that did not, which cannot go back
-(the step's old state is gone); the ones behind can go forward only where they have all the step
-needs. So: every survivor stepped, and the run goes on after the interrupted update; none did, and it
-redoes it; some did (a death inside that last all-reduce, with three ranks or more), and the heal is
-refused with an error that says to resume from the last checkpoint. Two dead ranks at once lose a shard
-with its replica when they are neighbours; that heal is refused too.
+Where the interrupted update stood: a rank reports its place and whether its optimizers stepped on an
+update the loop had not counted yet (``applied``: the death came in that update's all-gather); the heal
+counts that update, redoing its all-gather. The update's last collectives before the step are all-reduces every rank enters only once its
+replica holds its predecessor's gradients, so if any rank stepped, every rank got that far, the dead one
+included: its shard's replica stepped too. Then the survivors that stepped are one update ahead of those
+that did not, which cannot go back (the step's old state is gone), and the ones behind are not taken
+forward. So: every survivor counts the same updates, and the run goes on from there (an update none
+stepped on is redone); some are one ahead (a death inside those last all-reduces, with three ranks or
+more), and the heal is refused with an error that says to resume from the last checkpoint. Two dead
+ranks at once (a neighbour's shard would go with its replica) are refused too.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from .heal import Where, broadcast_optimizer, rewind
 
 @dataclass
 class Progress:
-    """How far a rank got in the update a death interrupted."""
-    reduced: bool
+    """How far a rank got in the update a death interrupted: ``applied``, its optimizers stepped on it
+    and only the all-gather (and the loop's count) was left."""
     applied: bool
 
 
@@ -51,21 +51,9 @@ def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLay
     """Collective on every rank of the new generation; ``where`` and ``progress`` are None on the
     replacement. Returns (where the group goes on from, a summary for the log)."""
     reports = ctx.exchange(ctx.unique_tag("shard-heal"), (where, progress))
-    dead = [rank for rank, (place, _) in enumerate(reports) if place is None]
-    survivors = [rank for rank in range(comm.size) if rank not in dead]
-    if len(dead) != 1:
-        raise ShardHealRefused(f"--zero heals one dead worker at a time, and ranks {dead} were replaced together; "
-                               "resume from the last checkpoint (--resume)")
-    applied = {rank: reports[rank][1].applied for rank in survivors}
-    if len(set(applied.values())) > 1:
-        behind = [rank for rank, done in applied.items() if not done]
-        raise ShardHealRefused(f"ranks {behind} had not applied update {reports[survivors[0]][0].step + 1} when the "
-                               "others had, and a sharded optimizer cannot go back; resume from the last checkpoint "
-                               "(--resume)")
-    place = reports[survivors[0]][0]
-    if applied[survivors[0]]:       # the interrupted update is done on every rank but for its all-gather
-        place = rewind(place, place.step + 1, steps_per_epoch)
-    (d,) = dead
+    place = agreed_place(reports, steps_per_epoch)
+    (d,) = [rank for rank, (report, _) in enumerate(reports) if report is None]
+    survivors = [rank for rank in range(comm.size) if rank != d]
     after, before = (d + 1) % comm.size, (d - 1) % comm.size
     gather_owned(comm, layout, d)
     for tensor in flat.buffers:
@@ -73,7 +61,26 @@ def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLay
     broadcast_optimizer(ctx, comm, replica.optimizer if ctx.rank == after else optimizer, after, {d})
     broadcast_optimizer(ctx, comm, optimizer if ctx.rank == before else replica.optimizer, before, {d})
     return place, {"donor": after, "steps": [None if p is None else p.step for p, _ in reports], "steps_lost": 0,
-                   "redone": not applied[survivors[0]]}
+                   "redone": not any(reports[rank][1].applied for rank in survivors)}
+
+
+def agreed_place(reports: list[tuple[Where | None, Progress | None]], steps_per_epoch: int) -> Where:
+    """Where the group goes on from, given every rank's (place, progress) (None, None on the replacement):
+    an update a survivor applied but had not counted (stepped, the all-gather left) counts, since the heal
+    redoes the all-gather. Raises ShardHealRefused unless exactly one rank is new and the survivors then
+    stand at the same update (see the module's docstring)."""
+    dead = [rank for rank, (place, _) in enumerate(reports) if place is None]
+    if len(dead) != 1:
+        raise ShardHealRefused(f"--zero heals one dead worker at a time, and ranks {dead} were replaced together; "
+                               "resume from the last checkpoint (--resume)")
+    places = {rank: rewind(place, place.step + 1, steps_per_epoch) if done.applied else place
+              for rank, (place, done) in enumerate(reports) if place is not None}
+    last = max(place.step for place in places.values())
+    behind = [rank for rank, place in places.items() if place.step < last]
+    if behind:
+        raise ShardHealRefused(f"ranks {behind} had not applied update {last} when the others had, and a sharded "
+                               "optimizer cannot go back; resume from the last checkpoint (--resume)")
+    return next(iter(places.values()))
 
 
 def gather_owned(comm: Any, layout: ShardLayout, dead: int) -> None:

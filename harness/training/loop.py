@@ -407,7 +407,7 @@ class Worker:
         """A collective failed: if a peer died, rejoin the group's next generation and heal from where the
         GPU really stands (a ticket's count, which may be behind the CPU's); else re-raise ``error``."""
         phases = {"failed": time.time()}
-        progress = Progress(self.sync.reduced, self.sync.applied) if self.replica is not None else None
+        progress = Progress(self.sync.applied) if self.replica is not None else None
         self.sync.close()
         self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
         timeline.mark(phases, "rejoined")
