@@ -115,9 +115,13 @@ class NcclCommunicator(Communicator):
 
         def launch() -> None:
             nccl.groupStart()
-            self._comm.send(t.data_ptr(), t.numel(), self._dtypes[t.dtype], (self.rank + 1) % self.size, self._now)
-            self._comm.recv(out.data_ptr(), out.numel(), self._dtypes[t.dtype], (self.rank - 1) % self.size, self._now)
-            nccl.groupEnd()
+            try:    # a group left open would hold back every later call of this thread
+                self._comm.send(t.data_ptr(), t.numel(), self._dtypes[t.dtype], (self.rank + 1) % self.size,
+                                self._now)
+                self._comm.recv(out.data_ptr(), out.numel(), self._dtypes[t.dtype], (self.rank - 1) % self.size,
+                                self._now)
+            finally:
+                nccl.groupEnd()
         return launch, (t, out)
 
     def _barrier(self) -> None:
