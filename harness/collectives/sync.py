@@ -56,7 +56,8 @@ class Synchroniser:
 
     def follower_grads(self) -> list[torch.Tensor]:
         """Gradients that are unscaled and clipped as ``update_grads()`` are, without counting in the
-        norm or the overflow check: --zero's replica of another rank's shard."""
+        norm: --zero's replica of another rank's shard (the overflow check sees them, and they change
+        nothing there: that rank checks the same numbers)."""
         return []
 
     # Where update_grads() is a shard, combine(value, op) makes a figure computed over it (a squared norm,

@@ -146,8 +146,8 @@ def worker_memory_mb(pid: int | None = None) -> float | None:
 def memory_usage(flat, sync, optimizers, device) -> dict:
     """What a worker holds for training, in MiB: parameters (the flat buffers), gradients (the flat
     buffers and a sharded synchroniser's pieces, staging and replica), optimizer state (the tensors of
-    ``optimizers``, each storage once: --zero's replica has one of its own) and, on a GPU, the peak allocated so far (None on CPU). The "memory" record's
-    per-rank entry (--zero shards the last three)."""
+    ``optimizers``, each storage once: --zero's replica has one of its own) and, on a GPU, the peak
+    allocated so far (None on CPU). The "memory" record's per-rank entry (--zero shards the last three)."""
     import torch
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for optimizer in optimizers
                 for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)}

@@ -35,7 +35,6 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
 
 from scripts.bench.common import FIRST_STEP
 
