@@ -56,7 +56,8 @@ def test_accumulating_launches_the_buckets_once_per_update_and_equals_the_whole_
 def test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_compiled(tmp_path):
     """N workers x K micro-batches x batch b train as one worker with batch N*K*b (the loss is each
     micro-batch's mean over K, the gradients averaged over N once per update), whichever way the
-    gradients are averaged, and with the model compiled."""
+    gradients are averaged, and with the model compiled; every run's replicas stay identical, and the
+    bucketed run ends where the flat all-reduce does (to 1e-6)."""
     common = ["--epochs", "2", "--momentum", "0.9", "--lr", "0.1", "--seed", "3"]
     _, one = run_train(tmp_path, *common, "--cpu-workers", "1", "--batch-size", "32", name="one")
     runs = {"2 x 16": ["--batch-size", "16"],
@@ -65,12 +66,18 @@ def test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_com
             "2 x 2 x 8, compiled": ["--batch-size", "8", "--grad-accum", "2", "--bucket-mb", "0.001", "--compile"]}
     reference = flat_params(one)
     epochs = [r["train_loss"] for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if r["event"] == "epoch"]
+    ended = {}
     for i, (label, flags) in enumerate(runs.items()):
-        _, save = run_train(tmp_path, *common, "--cpu-workers", "2", *flags, name=f"run{i}")
-        assert (flat_params(save) - reference).norm() <= 1e-5 * reference.norm(), label
+        results, save = run_train(tmp_path, *common, "--cpu-workers", "2", *flags, name=f"run{i}")
+        assert len({r["checksum"] for r in results}) == 1, label        # the replicas stayed identical
+        ended[label] = flat_params(save)
+        assert (ended[label] - reference).norm() <= 1e-5 * reference.norm(), label
         logged = [r for r in read_metrics(tmp_path / f"run{i}" / "metrics.jsonl") if r["event"] == "epoch"]
         assert [r["train_loss"] for r in logged] == pytest.approx(epochs, rel=1e-5), label
         assert [r["step"] for r in logged] == [40, 80], label
+    # buckets launched from the gradient hooks train as one all-reduce of the whole flat gradient
+    bucketed, flat = ended["2 x 2 x 8, bucketed"], ended["2 x 2 x 8, flat"]
+    assert (bucketed - flat).norm() <= 1e-6 * flat.norm()
 
 
 def test_a_compiled_model_in_param_mode_trains_as_the_eager_one(tmp_path):

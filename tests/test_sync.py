@@ -1,6 +1,8 @@
 """Gradient bucketing: buckets tile the flat gradient, launch in one fixed order, and give the
 same result as all-reducing the whole flat gradient. The launch order is checked on two CPU children
-whose real gloo communicator notes each call (``Recording``), so the gradients are really averaged."""
+whose real gloo communicator notes each call (``Recording``), so the gradients are really averaged.
+Whole runs of bucketed and flat training are compared in tests/test_recipe.py
+(test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_compiled)."""
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from harness import Parent
 from harness.collectives.flat import FlatParameters
 from harness.collectives.sync import BucketedGradientAveraging
 from tests.helpers.collectives import Recording, small_model
-from tests.helpers.training import flat_params, run_train
+from tests.helpers.training import run_train
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +82,6 @@ def test_buckets_launch_in_index_order_even_when_gradients_arrive_out_of_order(p
         assert result["early"] == []
         assert [c[:2] for c in result["calls"]] == result["buckets"]
     assert_averaged(results)
-
-
-def test_bucketed_training_equals_flat_all_reduce(tmp_path):
-    common = ["--epochs", "2", "--seed", "7", "--cpu-workers", "2"]
-    run_train(tmp_path, *common, "--grad-sync", "flat", name="flat")
-    results, _ = run_train(tmp_path, *common, "--grad-sync", "bucketed", "--bucket-mb", "0.01", name="bucketed")
-    assert len({r["checksum"] for r in results}) == 1
-    a, b = flat_params(tmp_path / "bucketed.pt"), flat_params(tmp_path / "flat.pt")
-    assert (a - b).norm() / b.norm() <= 1e-6
 
 
 def test_bf16_reduction_keeps_replicas_identical(tmp_path):
