@@ -10,7 +10,7 @@ from harness.launch.launchers import read_hostfile
 from harness.training import ConfigError, TrainConfig
 from harness.training.checks import check
 from tests.helpers.data_files import make_token_files
-from tests.helpers.training import cli, train_error
+from tests.helpers.training import cli, run_train, train_error
 
 MODELS = ["mlp", "cnn", "gpt", "oddeven", "resnet18"]
 TINY_GPT = {"n_layer": 1, "n_head": 2, "n_embd": 16}
@@ -108,14 +108,12 @@ def test_abbreviated_flags_are_not_taken_for_longer_ones(script, flag, tmp_path)
     assert result.returncode == 2 and f"unrecognized arguments: {flag} 1" in result.stderr
 
 
-def test_test_py_names_a_model_module_it_cannot_import_and_how_to_fix_it(tmp_path):
+def test_test_py_names_a_model_module_it_cannot_import_and_how_to_fix_it(tmp_path, monkeypatch):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "my_model.py").write_text(
         "import torch\ndef make(info):\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))\n")
-    save = tmp_path / "m.pt"
-    trained = cli("Train.py", "--model", "my_model:make", "--epochs", "1", "--save", str(save), "--log-dir",
-                  str(tmp_path / "logs"), env={"PYTHONPATH": str(tmp_path / "mine")})
-    assert trained.returncode == 0, trained.stderr
+    monkeypatch.syspath_prepend(str(tmp_path / "mine"))        # trained in this process: children get its sys.path
+    _, save = run_train(tmp_path, "--model", "my_model:make", "--epochs", "1", name="m")
     tested = cli("Test.py", "--checkpoint", str(save), cwd=tmp_path)
     lines = tested.stderr.strip().splitlines()
     assert tested.returncode == 2 and len(lines) == 1, tested.stderr
