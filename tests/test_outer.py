@@ -135,7 +135,7 @@ def test_fragments_cover_every_parameter_exactly_once_per_round(fragments):
 def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_ends_bit_for_bit(tmp_path):
     """The stop vote stops at a multiple of 4 updates, where a fragment's int8 exchange (fragments at
     updates 0 and 4 mod 8, applied 2 later) has just been launched: it is in the checkpoint."""
-    flags = [*DILOCO, "--fragments", "2", "--outer-delay", "2", "--outer-dtype", "int8", "--max-steps", "400",
+    flags = [*DILOCO, "--fragments", "2", "--outer-delay", "2", "--outer-dtype", "int8", "--max-steps", "200",
              "--batch-size", "8"]
     step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
     assert [p[:3] for p in load_checkpoint(checkpoint)["ranks"][0]["pending"]] == [(step % 8 // 4, step, step + 2)]
