@@ -91,16 +91,18 @@ def test_the_replacement_does_not_depend_on_the_loader_processes(images, tmp_pat
     assert len(bad_records(tmp_path / "two")) == len(CORRUPT)
 
 
-def test_past_max_bad_samples_the_run_saves_and_stops_with_the_list(images, tmp_path):
+def test_past_max_bad_samples_the_run_saves_and_stops_with_the_list(images, tmp_path, monkeypatch, capsys):
     root = damaged(images, tmp_path)
     save = tmp_path / "m.pt"
-    result = cli("Train.py", *flags(root, "--max-bad-samples", "2", "--epochs", "5", "--save", str(save),
-                                    "--log-dir", str(tmp_path / "log")), env={"CUDA_VISIBLE_DEVICES": ""})
-    assert result.returncode == 1, result.stderr
-    assert "3 bad samples, more than --max-bad-samples 2" in result.stderr
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    status = Train.main(flags(root, "--max-bad-samples", "2", "--epochs", "5", "--save", str(save),       # in this process
+                              "--log-dir", str(tmp_path / "log")))
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert "3 bad samples, more than --max-bad-samples 2" in err
     for name in CORRUPT:
-        assert f"{root / 'train' / name}: cannot be decoded" in result.stderr
-    assert f"continue with --resume {save}" in result.stderr
+        assert f"{root / 'train' / name}: cannot be decoded" in err
+    assert f"continue with --resume {save}" in err
     records = bad_records(tmp_path / "log")
     third = sorted(min(r["update"] for r in records if r["path"] == path) for path in {r["path"] for r in records})[2]
     stop = max(r["step"] for r in records)                 # the update at which the ranks found out
