@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+import Train
 from harness.resilience.checkpoint import load_checkpoint, write_atomically
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import kill_session
@@ -35,15 +36,16 @@ def test_two_runs_started_together_on_one_output_one_trains_the_other_is_refused
     assert load_checkpoint(tmp_path / "model.pt")["step"] == 2 * (1293 // 2 // 32)
 
 
-def test_a_run_killed_outright_leaves_no_lock_behind(tmp_path):
+def test_a_run_killed_outright_leaves_no_lock_behind(tmp_path, monkeypatch, capsys):
     first = start_train(tmp_path, "--model", SLOW_MODEL, "--epochs", "1000")
-    busy = cli("Train.py", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "other"))
-    assert busy.returncode == 2 and f"--save {tmp_path / 'model.pt'} is in use by another run (pid {first.pid})" \
-        in busy.stderr, busy.stderr
+    # the second run is Train.main in this process, which takes the lock as the command does
+    busy = train_error("--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "other"),
+                       monkeypatch=monkeypatch, capsys=capsys)
+    assert f"--save {tmp_path / 'model.pt'} is in use by another run (pid {first.pid})" in busy, busy
     kill_session(first.pid)         # SIGKILL: no handler runs, the kernel drops the lock
     first.wait(timeout=60)
-    after = cli("Train.py", "--epochs", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs"))
-    assert after.returncode == 0, after.stderr
+    after = Train.main(["--epochs", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")])
+    assert after == 0, capsys.readouterr().err
 
 
 def test_a_checkpoint_write_removes_dead_writers_leftovers_only(tmp_path):

@@ -131,15 +131,18 @@ def test_bad_token_file_is_one_line_on_the_command_line(tokens, tmp_path):
     assert not (tmp_path / "m.pt").exists()
 
 
-def test_a_corrupt_image_met_mid_run_names_the_file_and_keeps_the_last_checkpoint(images, tmp_path):
+def test_a_corrupt_image_met_mid_run_names_the_file_and_keeps_the_last_checkpoint(images, tmp_path, monkeypatch,
+                                                                                 capsys):
     root = broken(tmp_path, images, lambda root: (root / "train" / "c2" / "005.jpg").write_bytes(b"\xff\xd8garbage"))
     save = tmp_path / "m.pt"
-    result = cli("Train.py", "--dataset", "imagefolder", "--data-dir", str(root), "--dataset-options",
-                 '{"crop": 16, "resize": 20}', "--batch-size", "2", "--epochs", "3", "--save-every-steps", "1",
-                 "--data-workers", "1", "--max-bad-samples", "0", "--save", str(save), "--log-dir", str(tmp_path / "log"),
-                 env={"CUDA_VISIBLE_DEVICES": ""})
-    assert result.returncode == 1, result.stderr
-    assert f"{root}/train/c2/005.jpg: cannot be decoded" in result.stderr
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    status = Train.main(["--dataset", "imagefolder", "--data-dir", str(root), "--dataset-options",      # in this process
+                         '{"crop": 16, "resize": 20}', "--batch-size", "2", "--epochs", "3", "--save-every-steps", "1",
+                         "--data-workers", "1", "--max-bad-samples", "0", "--save", str(save), "--log-dir",
+                         str(tmp_path / "log")])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert f"{root}/train/c2/005.jpg: cannot be decoded" in err
     state = load_checkpoint(save)                     # intact, and from before the failure
     assert 1 <= state["step"] < 18
 
