@@ -120,7 +120,7 @@ def _train_in_groups(ctx, config, keys):
 def _config(tmp_path, name, *flags):
     import Train
     from harness.training.checks import check
-    args = Train.parse_args(["--epochs", "2", "--seed", "3", "--batch-size", "8", "--save", str(tmp_path / f"{name}.pt"),
+    args = Train.parse_args(["--epochs", "1", "--seed", "3", "--batch-size", "8", "--save", str(tmp_path / f"{name}.pt"),
                              "--log-dir", str(tmp_path / name), *flags])
     return check(args)[1]
 
@@ -130,7 +130,7 @@ def test_training_in_shared_groups_equals_four_separate_workers(four, tmp_path, 
     flags = ["--mode", mode, "--avg-every", "3", "--cpu-workers", "4"]
     four.exec(_train_in_groups, _config(tmp_path, "grouped", *flags), [0, 0, 1, 1])
     grouped_results = four.wait()
-    separate_results, separate = run_train(tmp_path, "--epochs", "2", "--seed", "3", "--batch-size", "8", *flags,
+    separate_results, separate = run_train(tmp_path, "--epochs", "1", "--seed", "3", "--batch-size", "8", *flags,
                                            name="separate")
     assert len({r["checksum"] for r in grouped_results}) == 1
     assert grouped_results[0]["step"] == separate_results[0]["step"] > 0
