@@ -41,7 +41,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=3, help="CPU workers of the default job")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpus", default=None, help="GPU workers on these GPUs, e.g. 0,1 (default: the CPU job)")
-    p.add_argument("--train-flags", default="", help="with --gpus: Train.py's flags for the job (model, data, batch)")
+    p.add_argument("--train-flags", default="", help="with --gpus: Train.py's flags for the job (model, data, batch); "
+                                                      "else flags added to the CPU job (e.g. \"--zero 2\")")
     p.add_argument("--save-every-steps", type=int, default=50)
     p.add_argument("--signals", default="SIGKILL,SIGSTOP", help="the signals to send, chosen at random")
     p.add_argument("--heal", choices=("on", "off"), default="on",

@@ -131,20 +131,23 @@ def test_zero_heals_in_place_only_when_asked_and_not_yet_on_gpus():
         heals_in_place(TrainConfig(zero=1, max_restarts=1, heal="on"), gpus=[0])
 
 
-def test_a_sharded_heal_counts_an_update_applied_but_not_counted_and_refuses_ranks_an_update_apart():
-    """A survivor whose all-gather failed has stepped but not counted the update; one that finished it and
-    failed afterwards (the stop vote, say) has counted it: both stand after it. A survivor that had not
-    stepped when another had is an update behind, which a sharded optimizer cannot make up."""
-    def at(step, applied):
-        return Where(0, step, step, 1.0, 0), Progress(applied)
-    counted, uncounted, before = at(21, False), at(20, True), at(20, False)
-    assert agreed_place([counted, (None, None), uncounted], steps_per_epoch=100).step == 21
-    assert agreed_place([before, (None, None), before], steps_per_epoch=100).step == 20
-    assert agreed_place([uncounted, (None, None)], steps_per_epoch=21) == Where(1, 21, 0, 1.0, 0)
+def test_a_sharded_heal_finishes_an_update_some_survivor_stepped_on_and_refuses_ranks_an_update_apart():
+    """A survivor whose all-gather failed has stepped but not counted the update; one that was ready to
+    step (its gradients reduced, replicated and clipped) when the last all-reduce failed steps in the heal;
+    one that finished the update and failed afterwards (the stop vote, say) has counted it. Any of those
+    with one that stepped: the group goes back to before the count and finishes that update together. A
+    survivor that was not ready when another had stepped is an update behind: refused."""
+    def at(step, ready, applied):
+        return Where(0, step, step, 1.0, 0), Progress(ready, applied)
+    counted, uncounted, ready, before = at(21, False, False), at(20, True, True), at(20, True, False), at(20, False, False)
+    assert agreed_place([counted, (None, None), uncounted]) == (uncounted[0], True)
+    assert agreed_place([ready, uncounted, (None, None)]) == (ready[0], True)
+    assert agreed_place([before, (None, None), ready]) == (before[0], False)      # nobody stepped: redo it
+    assert agreed_place([counted, counted, (None, None)]) == (counted[0], False)
     with pytest.raises(ShardHealRefused, match=r"ranks \[2\] had not applied update 21"):
-        agreed_place([uncounted, (None, None), before], steps_per_epoch=100)
+        agreed_place([uncounted, (None, None), before])
     with pytest.raises(ShardHealRefused, match="one dead worker at a time"):
-        agreed_place([(None, None), (None, None), before], steps_per_epoch=100)
+        agreed_place([(None, None), (None, None), before])
 
 
 def test_a_killed_worker_of_a_sharded_run_is_healed_from_its_shards_replica_bit_for_bit(tmp_path):

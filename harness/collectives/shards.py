@@ -153,8 +153,9 @@ class Replica:
 
 class ShardedGradients(GradientAveraging):
     """The synchroniser of --zero ``stage`` (1 or 2) over ``layout`` (see the module's docstring), keeping
-    ``replica`` (healing in place) up to date as well. ``applied``, for a heal: this rank's optimizers
-    stepped on the update in progress, which the loop has not counted yet (``after_step`` counts it)."""
+    ``replica`` (healing in place) up to date as well. For a heal, how far the update in progress got:
+    ``ready``, this rank has all its optimizers need (reduced, replicated, unscaled and clipped
+    gradients); ``applied``, they stepped on them; both end when the loop counts it (``after_step``)."""
 
     def __init__(self, comm: Communicator, flat: FlatParameters, layout: ShardLayout, stage: int,
                  replica: Replica | None = None):
@@ -164,7 +165,7 @@ class ShardedGradients(GradientAveraging):
         if layout.size != comm.size:
             raise ValueError(f"a layout for {layout.size} ranks with a communicator of {comm.size}")
         self.layout, self.stage, self.replica = layout, stage, replica
-        self.applied = False
+        self.ready = self.applied = False
         self._agreed = torch.zeros(1, device=layout.segments[0].params.device)
         largest: dict = {}
         for bucket in layout.buckets:
@@ -262,15 +263,20 @@ class ShardedGradients(GradientAveraging):
             self._replicate()
 
     def _replicate(self) -> None:
-        """Each gradient piece to the next rank, into its replica of this shard; then a one-element
-        all-reduce, so that no rank steps before every rank holds its replica's gradients (a heal that
-        finds some ranks stepped can then count on the dead rank's replica having stepped too)."""
+        """Each gradient piece to the next rank, into its replica of this shard."""
         for index, bucket in enumerate(self.layout.buckets):
             mine = self.layout.grads[index]
             if mine.numel() < bucket.piece:     # stage 1's piece of a padded bucket, padded
                 mine = torch.cat([mine, mine.new_zeros(bucket.piece - mine.numel())])
             self.comm.shift(self.replica.layout.grads[index], mine)
-        self.comm.all_reduce(self._agreed)
+
+    def before_step(self) -> None:
+        """With a replica, a one-element all-reduce as the update's last collective before the optimizers
+        step: no rank steps before every rank is ``ready``, so a heal that finds a rank stepped can step
+        the ranks that were ready and had not, and count on the dead rank's replica having been ready too."""
+        if self.replica is not None:
+            self.ready = True
+            self.comm.all_reduce(self._agreed)
 
     def update_grads(self) -> list[torch.Tensor]:
         return [g for g in self.layout.grads if g.numel()]
@@ -305,7 +311,7 @@ class ShardedGradients(GradientAveraging):
 
     def after_step(self, step: int) -> None:
         """The loop counted the update (``step`` updates done): none is in progress."""
-        self.applied = False
+        self.ready = self.applied = False
 
     def gradient_bytes(self) -> int:
         staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())

@@ -64,6 +64,9 @@ class Synchroniser:
     # an overflow flag) the group's, in place; None: the figure is the group's already.
     combine: Callable[[torch.Tensor, str], None] | None = None
 
+    def before_step(self) -> None:
+        """After unscaling and clipping, just before the optimizer's step (--zero's replica agrees there)."""
+
     def after_update(self) -> None:
         """After the optimizer's step (sharded: the updated shards gathered back)."""
 

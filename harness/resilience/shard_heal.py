@@ -11,15 +11,16 @@ replacement for dead rank d is given
   updates the flat parameters in d's range before the all-gather overwrites them with d's).
 
 Where the interrupted update stood: a rank reports its place and whether its optimizers stepped on an
-update the loop had not counted yet (``applied``: the death came in that update's all-gather); the heal
-counts that update, redoing its all-gather. The update's last collectives before the step are all-reduces every rank enters only once its
-replica holds its predecessor's gradients, so if any rank stepped, every rank got that far, the dead one
-included: its shard's replica stepped too. Then the survivors that stepped are one update ahead of those
-that did not, which cannot go back (the step's old state is gone), and the ones behind are not taken
-forward. So: every survivor counts the same updates, and the run goes on from there (an update none
-stepped on is redone); some are one ahead (a death inside those last all-reduces, with three ranks or
-more), and the heal is refused with an error that says to resume from the last checkpoint. Two dead
-ranks at once (a neighbour's shard would go with its replica) are refused too.
+update the loop had not counted yet (``applied``: the death came in that update's all-gather). The
+update's last collectives before the step are all-reduces every rank enters only once its replica holds
+its predecessor's gradients, so if any rank stepped, every rank got that far, the dead one included: its
+shard's replica stepped too. A sharded optimizer cannot go back, so the group goes on from the last
+update any survivor applied: where one stepped without counting, every rank, the replacement too, first
+finishes that update (counts it, then the stop vote, validation, a save, an epoch's end: what follows an
+update; the heal redid its all-gather); else it goes on from the survivors' common place, redoing an
+update none stepped on. A survivor an update behind the others (a death inside those last all-reduces,
+with three ranks or more) cannot be taken forward, and the heal is refused with an error that says to
+resume from the last checkpoint; so are two replaced ranks (the parent heals one at a time anyway).
 """
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ import torch
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import Replica, ShardLayout
 
-from .heal import Where, broadcast_optimizer, rewind
+from .heal import Where, broadcast_optimizer
 
 
 @dataclass
 class Progress:
-    """How far a rank got in the update a death interrupted: ``applied``, its optimizers stepped on it
-    and only the all-gather (and the loop's count) was left."""
+    """How far a rank got in the update a death interrupted (ShardedGradients' flags): ``ready``, it had all
+    its optimizers need to step; ``applied``, they stepped, and only the all-gather (and the loop's count)
+    was left."""
+    ready: bool
     applied: bool
 
 
@@ -46,12 +49,15 @@ class ShardHealRefused(RuntimeError):
 
 
 def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLayout, optimizer: torch.optim.Optimizer,
-                     replica: Replica, where: Where | None, progress: Progress | None,
-                     steps_per_epoch: int) -> tuple[Where, dict]:
+                     replica: Replica, where: Where | None, progress: Progress | None) -> tuple[Where, dict]:
     """Collective on every rank of the new generation; ``where`` and ``progress`` are None on the
-    replacement. Returns (where the group goes on from, a summary for the log)."""
+    replacement. Returns (where the group goes on from, a summary for the log; its ``finishing``: the
+    group first finishes the update at that place, ``agreed_place``)."""
     reports = ctx.exchange(ctx.unique_tag("shard-heal"), (where, progress))
-    place = agreed_place(reports, steps_per_epoch)
+    place, finishing = agreed_place(reports)
+    if finishing and progress is not None and not progress.applied:     # ready: step now, as the others did
+        optimizer.step()
+        replica.optimizer.step()
     (d,) = [rank for rank, (report, _) in enumerate(reports) if report is None]
     survivors = [rank for rank in range(comm.size) if rank != d]
     after, before = (d + 1) % comm.size, (d - 1) % comm.size
@@ -61,26 +67,32 @@ def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLay
     broadcast_optimizer(ctx, comm, replica.optimizer if ctx.rank == after else optimizer, after, {d})
     broadcast_optimizer(ctx, comm, optimizer if ctx.rank == before else replica.optimizer, before, {d})
     return place, {"donor": after, "steps": [None if p is None else p.step for p, _ in reports], "steps_lost": 0,
-                   "redone": not any(reports[rank][1].applied for rank in survivors)}
+                   "finishing": finishing}
 
 
-def agreed_place(reports: list[tuple[Where | None, Progress | None]], steps_per_epoch: int) -> Where:
-    """Where the group goes on from, given every rank's (place, progress) (None, None on the replacement):
-    an update a survivor applied but had not counted (stepped, the all-gather left) counts, since the heal
-    redoes the all-gather. Raises ShardHealRefused unless exactly one rank is new and the survivors then
-    stand at the same update (see the module's docstring)."""
+def agreed_place(reports: list[tuple[Where | None, Progress | None]]) -> tuple[Where, bool]:
+    """Where the group goes on from, given every rank's (place, progress) (None, None on the replacement),
+    and whether it first finishes the update there: counts it and does what follows an update (the stop
+    vote, validation, a save, an epoch's end). That is so where a survivor stepped on an update it had not
+    counted (the death came in its all-gather, which the heal redoes): the survivors that were ready for it
+    step too (``hand_over_shards``), and a survivor that had counted it and failed in what followed goes back
+    to before its count, to do that again with the others. Raises ShardHealRefused unless exactly one rank is
+    new and the survivors then stand at the same update (see the module's docstring)."""
     dead = [rank for rank, (place, _) in enumerate(reports) if place is None]
     if len(dead) != 1:
         raise ShardHealRefused(f"--zero heals one dead worker at a time, and ranks {dead} were replaced together; "
                                "resume from the last checkpoint (--resume)")
-    places = {rank: rewind(place, place.step + 1, steps_per_epoch) if done.applied else place
-              for rank, (place, done) in enumerate(reports) if place is not None}
-    last = max(place.step for place in places.values())
-    behind = [rank for rank, place in places.items() if place.step < last]
+    survivors = {rank: report for rank, report in enumerate(reports) if rank not in dead}
+    stepped = any(done.applied for _, done in survivors.values())
+    stepping = {rank: done.applied or (stepped and done.ready) for rank, (_, done) in survivors.items()}
+    applied = {rank: place.step + stepping[rank] for rank, (place, _) in survivors.items()}
+    last = max(applied.values())
+    behind = [rank for rank, step in applied.items() if step < last]
     if behind:
         raise ShardHealRefused(f"ranks {behind} had not applied update {last} when the others had, and a sharded "
                                "optimizer cannot go back; resume from the last checkpoint (--resume)")
-    return next(iter(places.values()))
+    finishing = [survivors[rank][0] for rank, step in stepping.items() if step]
+    return (finishing[0], True) if finishing else (next(iter(survivors.values()))[0], False)
 
 
 def gather_owned(comm: Any, layout: ShardLayout, dead: int) -> None:

@@ -105,6 +105,7 @@ class Worker:
         self.bad = Tally(ctx, config.max_bad_samples)      # samples that failed to load: logged, counted
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
+        self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
         self.model = make_model(config, self.data.info, self.device)
         self.flat = FlatParameters(self.model, flatten_grads=config.zero < 2)
         # --zero: this rank's optimizer updates its shards of the flat parameters (harness/collectives/shards.py)
@@ -236,13 +237,15 @@ class Worker:
     def epoch(self) -> None:
         """The rest of the current epoch (or of the run), then its loss, validation, report and save."""
         s, config = self.state, self.config
-        if s.position == 0:   # dropout and other randomness: different on each rank, the same after a resume
+        # a --zero heal may leave the update at this place applied but not counted: finish it first
+        finishing, self.finishing = self.finishing, False
+        if s.position == 0 and not finishing:   # dropout and the like: different on each rank, the same after a resume
             self.reseed(s.epoch)
-        stream, self.stream = self.stream or self.batches.epoch(s.epoch, s.position), None
+        stream, self.stream = self.stream or self.batches.epoch(s.epoch, s.position + finishing), None
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         started, measured, done = time.monotonic(), None, 0
-        for batch in stream:
-            loss = self.update(batch)
+        for batch in itertools.chain([None], stream) if finishing else stream:
+            loss = self.update(batch) if batch is not None else self.count(torch.zeros((), device=self.device))
             done += 1
             loss_sum += loss.double()
             self.report(loss, done, started)
@@ -269,11 +272,15 @@ class Worker:
 
     def update(self, batch: Any) -> torch.Tensor:
         """One update (its micro-batches, the synchronisation, the optimizer), then the stop vote."""
-        s = self.state
         if self.scheduled:
             for optimizer in self.optimizers():
-                set_lr(optimizer, self.lr_at(s.step))
-        loss = self.train_step(batch)
+                set_lr(optimizer, self.lr_at(self.state.step))
+        return self.count(self.train_step(batch))
+
+    def count(self, loss: torch.Tensor) -> torch.Tensor:
+        """What follows an applied update: count it, then the stop vote (``loss``: the update's, which
+        the vote checks is finite)."""
+        s = self.state
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
         if s.step == self.total:
@@ -407,7 +414,7 @@ class Worker:
         """A collective failed: if a peer died, rejoin the group's next generation and heal from where the
         GPU really stands (a ticket's count, which may be behind the CPU's); else re-raise ``error``."""
         phases = {"failed": time.time()}
-        progress = Progress(self.sync.applied) if self.replica is not None else None
+        progress = Progress(self.sync.ready, self.sync.applied) if self.replica is not None else None
         self.sync.close()
         self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
         timeline.mark(phases, "rejoined")
@@ -429,7 +436,8 @@ class Worker:
         began = time.monotonic()
         if self.replica is not None:        # --zero: the dead rank's shard from its replica
             place, summary = hand_over_shards(self.ctx, self.comm, self.flat, self.shards, self.optimizer, self.replica,
-                                              where, progress, self.batches.steps_per_epoch)
+                                              where, progress)
+            self.finishing = summary["finishing"]
         else:
             place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
                                        average=self.config.mode == "param")

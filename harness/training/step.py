@@ -101,6 +101,7 @@ class TrainStep:
             self.scaler.unscale_(grads + followers, self.sync.combine)
         if self.clip is not None:
             self.grad_norm = clip_grad_norm(grads, self.clip, self.sync.combine, followers)
+        self.sync.before_step()
         self.optimizer.step()
         self.sync.after_update()
         return loss

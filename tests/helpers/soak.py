@@ -221,11 +221,11 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
          signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None,
          heal: str = "on", time_limit: float | None = None) -> list[dict]:
     """The soak's rows, one per run. ``gpus`` ("0,1"): GPU workers on the job ``train_flags``
-    describes, instead of the default CPU job. ``time_limit``: seconds for the whole soak, after
+    describes, instead of the default CPU job (to which ``train_flags`` are added: --zero 2, say). ``time_limit``: seconds for the whole soak, after
     which what runs is killed and ``SoakTimeout`` raised (each run has RUN_TIMEOUT s at most)."""
     rng, rows, began = random.Random(seed), [], time.monotonic()
     end = began + time_limit if time_limit is not None else float("inf")
-    job = ["--gpus", gpus, *(train_flags or [])] if gpus else cpu_job(workers_n)
+    job = ["--gpus", gpus, *(train_flags or [])] if gpus else [*cpu_job(workers_n), *(train_flags or [])]
     workers_n = len(gpus.split(",")) if gpus else workers_n
     about = {"model": job[job.index("--model") + 1] if gpus and "--model" in job else "slow_model (Linear 64x10 on digits)",
              "heal": heal, "gpus": workers_n if gpus else 0, "workers": workers_n,
