@@ -245,10 +245,13 @@ class Worker:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         started, measured, done = time.monotonic(), None, 0
         for batch in itertools.chain([None], stream) if finishing else stream:
-            loss = self.update(batch) if batch is not None else self.count(torch.zeros((), device=self.device))
-            done += 1
-            loss_sum += loss.double()
-            self.report(loss, done, started)
+            if batch is None:       # the healed update: its loss is not here, so no report of it
+                self.count(torch.zeros((), device=self.device))
+            else:
+                loss = self.update(batch)
+                done += 1
+                loss_sum += loss.double()
+                self.report(loss, done, started)
             if config.validate_every and s.step % config.validate_every == 0:
                 measured = self.validate()
             if self.save_due() and s.position < self.batches.steps_per_epoch:     # an epoch's end saves below
