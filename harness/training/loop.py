@@ -194,8 +194,7 @@ class Worker:
             load_optimizer_state(self.optimizer, mine["optimizer"])
         ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
-            for optimizer in self.optimizers():
-                self.scaler.bind(optimizer)
+            self.scaler.bind(*self.optimizers())
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
         if graph is not False and self.device.type == "cuda" and not getattr(self.data.train, "static_shapes", True):
             graph = False

@@ -54,13 +54,15 @@ class LossScaler:
         self._inverse = torch.ones((), dtype=torch.float32, device=device)
         self._void: torch.Tensor | None = None      # a heal Ticket's flag: this attempt does not count
 
-    def bind(self, optimizer: torch.optim.Optimizer) -> None:
-        """Make ``optimizer`` (a fused one) skip an overflowing update. A flag it already has, a heal
-        Ticket's, stays its flag: ``unscale_`` raises it on overflow too."""
-        flag = getattr(optimizer, "found_inf", None)
+    def bind(self, *optimizers: torch.optim.Optimizer) -> None:
+        """Make ``optimizers`` (fused ones; the first, the rank's own, then --zero's replica) skip an
+        overflowing update. A flag the first already has, a heal Ticket's, stays its flag and becomes the
+        others': ``unscale_`` raises it on overflow too."""
+        flag = getattr(optimizers[0], "found_inf", None)
         self._void = flag if flag is not None and flag is not self.found_inf else None
-        optimizer.found_inf = self.found_inf if self._void is None else self._void
-        zero_momentum(optimizer)        # a skipped first step must not leave its momentum uninitialised
+        for optimizer in optimizers:
+            optimizer.found_inf = self.found_inf if self._void is None else self._void
+            zero_momentum(optimizer)        # a skipped first step must not leave its momentum uninitialised
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale
