@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 from scripts.bench.common import ROOT, append_jsonl, bench_record, device, run_train, updates_per_s, write_json
@@ -60,7 +61,7 @@ def peer_rows(workers: int, steps: int, out: Path, variants: list[str]) -> list[
         try:
             measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
                                    "--steps", str(steps), "--tokens", str(tokens))
-        except RuntimeError as e:
+        except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
             rows.append({"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap, "error": str(e)[-2000:]})
             continue
         rows.append({"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
