@@ -166,6 +166,20 @@ def append_jsonl(path: Path | str, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+ROW_ERRORS = (RuntimeError, subprocess.TimeoutExpired, StopIteration, json.JSONDecodeError)
+
+
+def record_row(rows: list[dict], out: Path, about: dict, measure: Callable[[], dict]) -> None:
+    """Append ``measure()`` to ``rows`` (where it fails, ``about`` with the error: one failed row does not
+    end a benchmark), to OUT/rows.jsonl as soon as it is there (a run cut short keeps it), and print it."""
+    try:
+        rows.append(measure())
+    except ROW_ERRORS as e:
+        rows.append({**about, "error": str(e)[-2000:]})
+    append_jsonl(out / "rows.jsonl", rows[-1])
+    print(json.dumps({k: v for k, v in rows[-1].items() if k != "device"}), flush=True)
+
+
 # -- subprocesses ----------------------------------------------------------------------------------
 
 def module_command(module: str, *args: str) -> list[str]:

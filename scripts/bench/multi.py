@@ -30,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench.common import append_jsonl, bench_record, device, first_step_stamp, module_command, subprocess_env, write_json
+from scripts.bench.common import (bench_record, device, first_step_stamp, module_command, record_row, subprocess_env,
+                                  write_json)
 from scripts.bench.single import SAMPLES_PER_STEP, harness_row, make_tokens, nanogpt_row
 
 ROWS = {"resnet50": ("harness", "harness-compile", "ddp-compile", "ddp-compile-inner"),
@@ -96,12 +97,8 @@ def main() -> None:
             for variant in ROWS[model]:
                 if args.variants and variant not in args.variants.split(","):
                     continue
-                try:
-                    rows.append(run_row(model, variant, gpus, args.steps[model], args, tokens))
-                except (RuntimeError, subprocess.TimeoutExpired, StopIteration, json.JSONDecodeError) as e:
-                    rows.append({"model": model, "gpus": gpus, "variant": variant, "error": str(e)[-2000:]})
-                append_jsonl(args.out / "rows.jsonl", rows[-1])
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "device"}), flush=True)
+                record_row(rows, args.out, {"model": model, "gpus": gpus, "variant": variant},
+                           lambda: run_row(model, variant, gpus, args.steps[model], args, tokens))
     compare([r for r in rows if "error" not in r])
     write_json(args.out / "bench_multi.json", bench_record(rows=rows))
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from scripts.bench.common import ROOT, append_jsonl, bench_record, device, module_command, run_train, subprocess_env, write_json
+from scripts.bench.common import ROOT, bench_record, device, module_command, record_row, run_train, subprocess_env, write_json
 
 ROWS = {"resnet50": ("plain-eager", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
         "gpt-nanogpt": ("nanogpt", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
@@ -314,12 +314,7 @@ def main() -> None:
         for variant in ROWS[model]:
             if args.variants and variant not in args.variants.split(","):
                 continue
-            try:
-                rows.append(run_row(model, variant, args, tokens))
-            except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
-                rows.append({"model": model, "variant": variant, "error": str(e)[-2000:]})
-            append_jsonl(args.out / "rows.jsonl", rows[-1])
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "device"}), flush=True)
+            record_row(rows, args.out, {"model": model, "variant": variant}, lambda: run_row(model, variant, args, tokens))
     compare([r for r in rows if "error" not in r])
     write_json(args.out / "bench_single.json", bench_record(rows=rows))
 
