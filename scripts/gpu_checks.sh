@@ -14,8 +14,9 @@
 #                start-up timeline, Test.py's imports and profile, import torch and a CUDA context
 #   mps          the MPS scripts around Train.py and Test.py, then Train.py --mps (the GPUs' compute
 #                mode is never changed)
-#   multi        scripts.bench.multi on every GPU: Train.py against torchrun + DDP compiled and
-#                nanoGPT's train.py under torchrun (a nanoGPT checkout in .nanogpt: carry it)
+#   multi        scripts.bench.multi on every GPU, one model a call ($MULTI_MODELS: gpt-nanogpt or resnet50):
+#                Train.py against torchrun + DDP (compiled both ways, and eager) and nanoGPT's train.py
+#                under torchrun (a nanoGPT checkout in .nanogpt: carry it)
 #   zero         scripts.bench.zero --peers on every GPU: --zero 0/1/2 against DDP, ZeRO and FSDP2
 #   all          every part, in that order (multi and zero need several GPUs; each is a call of its own)
 #
@@ -149,11 +150,11 @@ mps() {   # every step's outcome is printed
     echo "=== Train.py --mps: rc=${PIPESTATUS[0]}; MPS processes left: $(leftover)"
 }
 
-multi() {      # ~10 minutes on 2 GPUs: ResNet-50 and GPT-2 rows, 4 and 5 variants
+multi() {      # ~8 minutes on 2 GPUs a model: MULTI_MODELS=resnet50 or gpt-nanogpt (default), one a call
     local n
     n=$(gpu_count)
-    timeout 560 python3 -m scripts.bench.multi --gpus "$n" --steps '{"resnet50": 150, "gpt-nanogpt": 20}' \
-        --out "$out/multi" 2>&1 | tee "$out/multi.log"
+    timeout 560 python3 -m scripts.bench.multi --gpus "$n" --models "${MULTI_MODELS:-gpt-nanogpt}" \
+        --steps '{"resnet50": 150, "gpt-nanogpt": 20}' --out "$out/multi" 2>&1 | tee "$out/multi.log"
     cp "$out/multi/rows.jsonl" "$out/multi_rows.jsonl"
 }
 

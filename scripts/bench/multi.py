@@ -12,6 +12,7 @@ rank 0's first update, ``peak_mb`` = torch.cuda.max_memory_reserved of the large
 - ``ddp-compile``: torchrun + scripts/bench/peers.py (DDP with gradient_as_bucket_view and static_graph,
   torch.compile, fused optimizer), in both orders (``compile_order``: ``outer`` compiles the DDP module, as
   PyTorch's DDP notes ask; ``inner`` wraps the compiled model, as nanoGPT does);
+- ``ddp``: the same DDP eager, a baseline for the compiled rows;
 - ``nanogpt-torchrun``: nanoGPT's own train.py under torchrun (gpt-nanogpt only).
 
 Harness rows carry ``vs_ddp_compile``: their samples/s over the best torchrun row of the same model
@@ -34,8 +35,8 @@ from scripts.bench.common import (bench_record, device, first_step_stamp, module
                                   write_json)
 from scripts.bench.single import SAMPLES_PER_STEP, harness_row, make_tokens, nanogpt_row
 
-ROWS = {"resnet50": ("harness", "harness-compile", "ddp-compile", "ddp-compile-inner"),
-        "gpt-nanogpt": ("harness", "harness-compile", "ddp-compile", "ddp-compile-inner", "nanogpt-torchrun")}
+ROWS = {"resnet50": ("harness", "harness-compile", "ddp-compile", "ddp-compile-inner", "ddp"),
+        "gpt-nanogpt": ("harness", "harness-compile", "ddp-compile", "ddp-compile-inner", "ddp", "nanogpt-torchrun")}
 
 
 def torchrun(gpus: int, module: str, *args: str, timeout: float = 900) -> tuple[dict, float]:
@@ -62,7 +63,7 @@ def run_row(model: str, variant: str, gpus: int, steps: int, args: argparse.Name
         measured["first_step_s"] = first
     named = {"variant": "harness", "compile": variant.endswith("compile")} if variant.startswith("harness") else \
         {"variant": "ddp-compile", "compile_order": "inner" if variant.endswith("inner") else "outer"} \
-        if variant.startswith("ddp") else {"variant": variant}
+        if variant.startswith("ddp-compile") else {"variant": variant}
     return {"model": model, "gpus": gpus, **named,
             **measured, "samples_per_s": SAMPLES_PER_STEP[model] * gpus / measured["step_ms"] * 1000,
             "device": device()}
