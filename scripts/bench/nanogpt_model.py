@@ -12,7 +12,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,8 +46,26 @@ class AllLogits(torch.nn.Module):
         return self.gpt.lm_head(body.ln_f(x))
 
 
-def gpt2(info: Any, block_size: int = 1024, bias: bool = False) -> torch.nn.Module:
+def gpt2_124m(block_size: int = 1024, bias: bool = False) -> torch.nn.Module:
+    """nanoGPT's own GPT at its GPT-2 124M recipe (its forward as written: (logits, loss) with targets)."""
     nanogpt = _nanogpt()
-    config = nanogpt.GPTConfig(block_size=block_size, vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
-                               dropout=0.0, bias=bias)
-    return AllLogits(nanogpt.GPT(config))
+    return nanogpt.GPT(nanogpt.GPTConfig(block_size=block_size, vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
+                                         dropout=0.0, bias=bias))
+
+
+def gpt2(info: Any, block_size: int = 1024, bias: bool = False) -> torch.nn.Module:
+    return AllLogits(gpt2_124m(block_size, bias))
+
+
+def token_batches(tokens: Path, seed: int, batch: int = 16, block: int = 1024) -> Callable[[], tuple]:
+    """nanoGPT's get_batch on the GPU: ``batch`` random windows of ``tokens``/train.bin (uint16), inputs and
+    next-token targets, copied from pinned memory without waiting."""
+    import numpy as np
+    data = np.memmap(tokens / "train.bin", dtype=np.uint16, mode="r")
+    generator = np.random.default_rng(seed)
+
+    def next_batch() -> tuple:
+        starts = generator.integers(0, len(data) - block - 1, batch)
+        window = torch.from_numpy(np.stack([data[i:i + block + 1].astype(np.int64) for i in starts]))
+        return window[:, :-1].pin_memory().cuda(non_blocking=True), window[:, 1:].pin_memory().cuda(non_blocking=True)
+    return next_batch

@@ -57,20 +57,11 @@ def resnet50(rank: int) -> tuple:
 
 
 def gpt_nanogpt(rank: int, tokens: Path) -> tuple:
-    import numpy as np
     import torch
-    from scripts.bench.nanogpt_model import _nanogpt
-    nanogpt = _nanogpt()
+    from scripts.bench.nanogpt_model import gpt2_124m, token_batches
     torch.manual_seed(0)
-    model = nanogpt.GPT(nanogpt.GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
-                                          dropout=0.0, bias=False)).cuda()
-    data = np.memmap(tokens / "train.bin", dtype=np.uint16, mode="r")
-    generator = np.random.default_rng(rank)
-
-    def batch() -> tuple:
-        starts = generator.integers(0, len(data) - 1025, 16)
-        window = torch.from_numpy(np.stack([data[i:i + 1025].astype(np.int64) for i in starts]))
-        return window[:, :-1].pin_memory().cuda(non_blocking=True), window[:, 1:].pin_memory().cuda(non_blocking=True)
+    model = gpt2_124m().cuda()
+    batch = token_batches(tokens, seed=rank)
 
     def groups(params: list) -> list[dict]:        # nanoGPT's configure_optimizers: no decay on vectors
         return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},

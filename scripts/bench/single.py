@@ -81,24 +81,14 @@ def plain_gpt(variant: str, steps: int, tokens: Path, profile: Path | None = Non
     """nanoGPT's train.py reduced to its loop (its model with its own loss, configure_optimizers'
     fused AdamW, batch 16 x accumulation 4 x 1024, bf16, clip 1.0, the next batch copied while the
     GPU works), in this process; ``plain-compile-graph`` compiles with mode="reduce-overhead"."""
-    import numpy as np
     import torch
-    from scripts.bench.nanogpt_model import _nanogpt
+    from scripts.bench.nanogpt_model import gpt2_124m, token_batches
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    nanogpt = _nanogpt()
-    model = nanogpt.GPT(nanogpt.GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
-                                          dropout=0.0, bias=False)).cuda()
+    model = gpt2_124m().cuda()
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
     forward = {"plain-compile": torch.compile(model),
                "plain-compile-graph": torch.compile(model, mode="reduce-overhead")}[variant]
-    data = np.memmap(tokens / "train.bin", dtype=np.uint16, mode="r")
-    generator = np.random.default_rng(0)
-
-    def batch() -> tuple:
-        starts = generator.integers(0, len(data) - 1025, 16)
-        window = torch.from_numpy(np.stack([data[i:i + 1025].astype(np.int64) for i in starts]))
-        return window[:, :-1].pin_memory().cuda(non_blocking=True), window[:, 1:].pin_memory().cuda(non_blocking=True)
-
+    batch = token_batches(tokens, seed=0)
     following = [batch()]
 
     def step() -> None:
