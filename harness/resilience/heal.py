@@ -93,8 +93,7 @@ class Ticket:
 
 
 def rewind(where: Where, applied: int, steps_per_epoch: int) -> Where:
-    """``where`` moved to the update ``applied``: back where the CPU had gone ahead of what the GPU applied,
-    forward where a --zero rank applied an update its loop had not counted yet (shard_heal.py)."""
+    """``where`` moved back to the update ``applied``: the CPU had gone ahead of what the GPU applied."""
     lost = where.step - applied
     epochs, position = divmod(where.position - lost, steps_per_epoch)
     return Where(where.epoch + epochs, applied, position, where.best_error, where.stale)
