@@ -136,14 +136,15 @@ def test_a_sharded_heal_finishes_an_update_some_survivor_stepped_on_and_refuses_
     step (its gradients reduced, replicated and clipped) when the last all-reduce failed steps in the heal;
     one that finished the update and failed afterwards (the stop vote, say) has counted it. Any of those
     with one that stepped: the group goes back to before the count and finishes that update together. A
-    survivor that was not ready when another had stepped is an update behind: refused."""
+    survivor that was not ready when another had stepped is an update behind: refused. Only the ready ones
+    step in the heal: one that had counted the update already stepped on it."""
     def at(step, ready, applied):
         return Where(0, step, step, 1.0, 0), Progress(ready, applied)
     counted, uncounted, ready, before = at(21, False, False), at(20, True, True), at(20, True, False), at(20, False, False)
-    assert agreed_place([counted, (None, None), uncounted]) == (uncounted[0], True)
-    assert agreed_place([ready, uncounted, (None, None)]) == (ready[0], True)
-    assert agreed_place([before, (None, None), ready]) == (before[0], False)      # nobody stepped: redo it
-    assert agreed_place([counted, counted, (None, None)]) == (counted[0], False)
+    assert agreed_place([counted, (None, None), uncounted]) == (uncounted[0], True, set())    # rank 0 steps no more
+    assert agreed_place([ready, uncounted, (None, None)]) == (ready[0], True, {0})
+    assert agreed_place([before, (None, None), ready]) == (before[0], False, set())      # nobody stepped: redo it
+    assert agreed_place([counted, counted, (None, None)]) == (counted[0], False, set())
     with pytest.raises(ShardHealRefused, match=r"ranks \[2\] had not applied update 21"):
         agreed_place([uncounted, (None, None), before])
     with pytest.raises(ShardHealRefused, match="one dead worker at a time"):

@@ -54,8 +54,8 @@ def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLay
     replacement. Returns (where the group goes on from, a summary for the log; its ``finishing``: the
     group first finishes the update at that place, ``agreed_place``)."""
     reports = ctx.exchange(ctx.unique_tag("shard-heal"), (where, progress))
-    place, finishing = agreed_place(reports)
-    if finishing and progress is not None and not progress.applied:     # ready: step now, as the others did
+    place, finishing, catching_up = agreed_place(reports)
+    if ctx.rank in catching_up:         # ready for the update the others stepped on: step now
         optimizer.step()
         replica.optimizer.step()
     (d,) = [rank for rank, (report, _) in enumerate(reports) if report is None]
@@ -70,13 +70,14 @@ def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLay
                    "finishing": finishing}
 
 
-def agreed_place(reports: list[tuple[Where | None, Progress | None]]) -> tuple[Where, bool]:
-    """Where the group goes on from, given every rank's (place, progress) (None, None on the replacement),
-    and whether it first finishes the update there: counts it and does what follows an update (the stop
-    vote, validation, a save, an epoch's end). That is so where a survivor stepped on an update it had not
-    counted (the death came in its all-gather, which the heal redoes): the survivors that were ready for it
-    step too (``hand_over_shards``), and a survivor that had counted it and failed in what followed goes back
-    to before its count, to do that again with the others. Raises ShardHealRefused unless exactly one rank is
+def agreed_place(reports: list[tuple[Where | None, Progress | None]]) -> tuple[Where, bool, set[int]]:
+    """Where the group goes on from, given every rank's (place, progress) (None, None on the replacement);
+    whether it first finishes the update there: counts it and does what follows an update (the stop
+    vote, validation, a save, an epoch's end); and which ranks step on that update first. That is so where a
+    survivor stepped on an update it had not counted (the death came in its all-gather, which the heal
+    redoes): the survivors that were ready for it and had not stepped step now, and a survivor that had
+    counted it (and failed in what followed, or in the next update) goes back to before its count, to do
+    that again with the others, without stepping again. Raises ShardHealRefused unless exactly one rank is
     new and the survivors then stand at the same update (see the module's docstring)."""
     dead = [rank for rank, (place, _) in enumerate(reports) if place is None]
     if len(dead) != 1:
@@ -92,7 +93,8 @@ def agreed_place(reports: list[tuple[Where | None, Progress | None]]) -> tuple[W
         raise ShardHealRefused(f"ranks {behind} had not applied update {last} when the others had, and a sharded "
                                "optimizer cannot go back; resume from the last checkpoint (--resume)")
     finishing = [survivors[rank][0] for rank, step in stepping.items() if step]
-    return (finishing[0], True) if finishing else (next(iter(survivors.values()))[0], False)
+    catching_up = {rank for rank, (_, done) in survivors.items() if stepping[rank] and not done.applied}
+    return (finishing[0], True, catching_up) if finishing else (next(iter(survivors.values()))[0], False, set())
 
 
 def gather_owned(comm: Any, layout: ShardLayout, dead: int) -> None:
