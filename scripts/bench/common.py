@@ -227,6 +227,15 @@ def updates_per_s(records: list[dict]) -> float:
     return (done["step"] - first["step"]) / (done["time"] - first["time"])
 
 
+def median_step_ms(records: list[dict]) -> float:
+    """The median time of an update between progress records (metrics.jsonl's ``step`` events, every
+    0.5 s): start-up, compilation and the end of an epoch or run (which wait for the device or
+    validate) fall in few intervals, so this is the steady step, as a peer's timed windows are."""
+    steps = [r for r in records if r["event"] == "step"]
+    intervals = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(steps, steps[1:])]
+    return statistics.median(intervals) * 1000
+
+
 # -- charts ----------------------------------------------------------------------------------------
 
 def bar_chart(panels: list[tuple[str, list[str], list[float], list[str]]], ylabel: str, path: Path,

@@ -41,7 +41,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from scripts.bench.common import ROOT, bench_record, device, module_command, record_row, run_train, subprocess_env, write_json
+from scripts.bench.common import (ROOT, bench_record, device, median_step_ms, module_command, record_row, run_train,
+                                  subprocess_env, write_json)
 
 ROWS = {"resnet50": ("plain-eager", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
         "gpt-nanogpt": ("nanogpt", "plain-compile", "plain-compile-graph", "harness", "harness-compile"),
@@ -147,12 +148,9 @@ def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, 
         flags += [*name, "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
                   '{"block_size": 1024, "vocab_size": 50257}', *GPT_RECIPE]
     records = run_train(flags, work / f"{model}-{variant}-{gpus}gpu", cwd=work)
-    steps = [r for r in records if r["event"] == "step"]
     done = next(r for r in records if r["event"] == "done")
     startup = next(r for r in records if r["event"] == "startup")["parent"]
-    # Between progress records (every 0.5 s): an epoch's end, which waits for the device, falls in few.
-    intervals = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(steps, steps[1:])]
-    return {"step_ms": statistics.median(intervals) * 1000, "first_step_s": startup["first_step"] - startup["process"],
+    return {"step_ms": median_step_ms(records), "first_step_s": startup["first_step"] - startup["process"],
             "peak_mb": done["peak_gpu_mb"]}
 
 

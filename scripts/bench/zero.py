@@ -4,8 +4,8 @@ workers, side by side.
 Rows (``bench_zero.json``, a list ``rows``): ``model``, ``workers``, ``zero``, ``variant`` (``harness``),
 ``replica`` (``--replica``: --zero with --heal on, each shard replicated on the next worker),
 per worker ``param_mb``, ``grad_mb``, ``optimizer_mb`` (the largest over the ranks, from the run's
-"memory" record) and ``peak_mb`` (GPU workers: peak allocated; None on CPU), ``step_ms`` (from the
-end of the first update to the end of the run), ``largest_bucket_mb`` and ``device``. The default model is
+"memory" record) and ``peak_mb`` (GPU workers: peak allocated; None on CPU), ``step_ms`` (the median
+update between progress records, as scripts/bench/single.py times Train.py), ``largest_bucket_mb`` and ``device``. The default model is
 an MLP of 4 layers of 1024 on digits (2.2M parameters) with AdamW: two fp32 moments per parameter.
 
 ``--peers`` (GPUs): GPT-2 124M on nanoGPT's model and recipe (scripts/bench/single.py), Train.py
@@ -25,7 +25,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from scripts.bench.common import ROOT, append_jsonl, bench_record, device, run_train, updates_per_s, write_json
+from scripts.bench.common import ROOT, append_jsonl, bench_record, device, median_step_ms, run_train, write_json
 from scripts.bench.multi import torchrun
 from scripts.bench.single import GPT_RECIPE, make_tokens
 
@@ -44,7 +44,7 @@ def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], mo
     done = next(r for r in records if r["event"] == "done")
     return {"model": model, "workers": workers, "zero": zero, "variant": "harness", "replica": replica, **largest,
             "peak_mb": max(peaks) if peaks else None, "peak_reserved_mb": done.get("peak_gpu_mb"),
-            "step_ms": 1000 / updates_per_s(records), "largest_bucket_mb": memory["largest_bucket_mb"],
+            "step_ms": median_step_ms(records), "largest_bucket_mb": memory["largest_bucket_mb"],
             "device": device()}
 
 
