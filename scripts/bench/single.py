@@ -162,8 +162,8 @@ def nanogpt_row(steps: int, nanogpt: Path, tokens: Path, gpus: int = 1) -> dict:
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
         target = data / f"{split}.bin"
-        if not target.exists():
-            target.symlink_to(tokens / f"{split}.bin")
+        target.unlink(missing_ok=True)          # a link left by another run may point elsewhere, or nowhere
+        target.symlink_to(tokens / f"{split}.bin")
     argv = ["train.py", "--dataset=bench", "--batch_size=16", f"--gradient_accumulation_steps={4 * gpus}", "--compile=True",
             f"--max_iters={steps}", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
             "--always_save_checkpoint=False", f"--out_dir={data / 'out'}"]
