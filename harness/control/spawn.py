@@ -2,16 +2,16 @@
 keeps of it, and the warm spare.
 
 The group decides *when* a child starts (at fork: harness/control/supervise.py; in a dead rank's
-place: harness/control/replace.py); this module knows *how*. A child is a fresh interpreter
-(``python -m harness.child``) started by the group's launcher (harness/launch/launchers.py) with
+place: harness/control/replace.py); this module knows *how*. A child is started by the group's
+launcher (harness/launch/launchers.py: forked by the zygote on this machine, ``python -m
+harness.child`` over ssh or srun) with
 everything it needs in its environment: the endpoint and key to reach the parent, its rank, its GPU,
 the parent's ``sys.path``. Its stderr is read by a
 thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept for the error that
 reports its death.
 
 A healing group on this machine keeps a **warm spare**: a child started ahead under an identity of
-its own ("spare:N"), which imports the preloads (torch, mostly: seconds on a busy machine) and waits
-to be told which rank it is. When a rank dies the spare takes its place at once and a new spare
+its own ("spare:N"), connected and with its preloads imported, which waits to be told which rank it is. When a rank dies the spare takes its place at once and a new spare
 starts in the background. A GPU group's spare sees every GPU of the group and touches none until it
 is told which rank, and so which GPU, is its own (CUDA makes a context only on the device used), so
 one spare serves whichever rank dies. Remote groups keep none (a spare would have to wait on the
@@ -55,7 +55,6 @@ class ChildProcess:
     def __init__(self, rank: int, process: subprocess.Popen, identity: bytes, host: str | None = None):
         self.rank, self.identity, self.host = rank, identity, host      # host: where a remote child runs
         self.process = process
-        self.pid = process.pid
         self.connected = False
         self.ready = False      # its preloads imported: from then on, silence means a hang
         self.last_seen = time.monotonic()
@@ -64,6 +63,10 @@ class ChildProcess:
         self.outcome: tuple[int, str, Any] | None = None    # (exec id, "result" | "error", value)
         self.reader = threading.Thread(target=self._forward_stderr, name=f"harness-stderr-{rank}", daemon=True)
         self.reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def _forward_stderr(self) -> None:
         for raw in iter(self.process.stderr.readline, b""):

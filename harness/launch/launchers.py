@@ -2,7 +2,8 @@
 
 A launcher places ranks on hosts (``Host(name, slots)`` in order, each host's slots filled in
 turn) and turns (host, environment) into a local process that stands for the child: the child
-itself (``Local``), or the ``ssh`` or ``srun`` client that runs it on its host. The parent watches
+itself (``Local``: forked by the zygote, harness/launch/zygote.py), or the ``ssh`` or ``srun`` client
+that runs it on its host. The parent watches
 that process as it watches a local child: its exit is the child's death (ssh exits when the remote
 command does or when the connection is lost), and killing it ends the child (the remote side sees
 its session close). We start children through what the cluster already has and keep our own
@@ -31,6 +32,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from . import zygote
 
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
@@ -80,14 +83,14 @@ class Launcher:
 
 
 class Local(Launcher):
-    """Children on this machine, as fresh interpreters (the default)."""
+    """Children on this machine (the default), forked by a warm interpreter that has imported their
+    preloads once (harness/launch/zygote.py)."""
 
     def __init__(self) -> None:
         super().__init__([Host("localhost", sys.maxsize)])
 
-    def start(self, host: str, env: Mapping[str, str]) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "harness.child"], env=dict(env),
-                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def start(self, host: str, env: Mapping[str, str]) -> zygote.Forked:
+        return zygote.for_environment(env).fork(env)
 
 
 class Ssh(Launcher):

@@ -56,12 +56,14 @@ def in_session(session: int) -> list[int]:
 
 
 def harness_children(pids: Iterable[int]) -> list[int]:
-    """Those of ``pids`` that are harness children (python -m harness.child), not loader processes."""
+    """Those of ``pids`` that are harness children, not loader processes nor zygotes: forked by a
+    zygote, a child names itself "harness.child" (/proc/PID/comm); over ssh or srun it is
+    ``python -m harness.child`` (its command line)."""
     found = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"harness.child" in f.read():
+            with open(f"/proc/{pid}/comm", "rb") as comm, open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if comm.read().strip() == b"harness.child" or b"-m\0harness.child" in cmdline.read():
                     found.append(pid)
         except FileNotFoundError:
             pass

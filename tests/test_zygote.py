@@ -1,0 +1,75 @@
+"""Local children forked by the zygote: each as clean as a fresh interpreter, one zygote per import-time
+environment, and nothing of it outliving the parent."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from harness import Parent
+from harness.launch import zygote
+from tests.helpers.processes import alive, wait_gone
+
+
+def what_a_child_has(ctx, name: str) -> dict:
+    import tempfile
+    import numpy
+    import torch
+    return {"pid": os.getpid(), "zygote": os.getppid(), "comm": open(f"/proc/{os.getpid()}/comm").read().strip(),
+            "variable": os.environ.get(name), "tmp": tempfile.gettempdir(), "cwd": os.getcwd(),
+            "numpy": int(numpy.random.randint(1 << 30)), "threads": torch.get_num_threads()}
+
+
+def test_children_are_forked_warm_and_each_takes_its_own_environment(tmp_path, monkeypatch):
+    """Two groups of one environment share a zygote that imported torch once; each child has its own
+    variables, temporary directory, working directory, thread count and numpy seed, and names itself."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with Parent() as parent:
+        first = parent.fork(2, env={"GROUP": "first", "OMP_NUM_THREADS": "1"}, preload=["torch"])
+        first.exec(what_a_child_has, "GROUP")
+        a = first.wait()
+        second = parent.fork(2, env={"GROUP": "second", "OMP_NUM_THREADS": "1"}, preload=["torch"])
+        second.exec(what_a_child_has, "GROUP")
+        b = second.wait()
+    assert len({child["zygote"] for child in a + b}) == 1 and a[0]["zygote"] != os.getpid()
+    assert [child["variable"] for child in a + b] == ["first", "first", "second", "second"]
+    assert {child["comm"] for child in a + b} == {"harness.child"}
+    assert {(child["tmp"], child["cwd"], child["threads"]) for child in a + b} == {(str(tmp_path), str(tmp_path), 1)}
+    assert len({child["numpy"] for child in a + b}) == 4
+
+
+def test_a_variable_read_at_import_gets_a_zygote_of_its_own(monkeypatch):
+    with Parent() as parent:
+        kids = parent.fork(1)
+        kids.exec(lambda ctx: os.getppid())
+        [before] = kids.wait()
+        monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")       # torch reads it as it loads
+        kids = parent.fork(1)
+        kids.exec(lambda ctx: (os.getppid(), os.environ["TORCH_SHOW_CPP_STACKTRACES"]))
+        [(after, seen)] = kids.wait()
+    assert before != after and seen == "1"
+    assert zygote.AT_IMPORT and "TORCH_SHOW_CPP_STACKTRACES".startswith(zygote.AT_IMPORT)
+
+
+def test_the_zygote_and_its_children_end_with_a_killed_parent(tmp_path):
+    script = textwrap.dedent("""
+        import os, sys, time
+        from harness import Parent
+        parent = Parent()
+        kids = parent.fork(2)
+        kids.exec(lambda ctx: (os.getpid(), os.getppid()))
+        pids = kids.wait()
+        print(" ".join(str(p) for pair in pids for p in pair), flush=True)
+        time.sleep(600)
+    """)
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        child_a, zygote_pid, child_b, _ = map(int, run.stdout.readline().split())
+        assert alive(zygote_pid) and zygote_pid != run.pid
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert wait_gone([child_a, child_b, zygote_pid], 5.0) == []
+    finally:
+        run.kill()
