@@ -19,7 +19,7 @@ PHASES = {   # phase: what the time since the previous mark of the same process 
     "process": "(process created)",
     "imported": "interpreter and imports",
     "checked": "inputs checked (data facts, model on the meta device)",
-    "forked": "workers started and connected",
+    "forked": "workers asked for (the zygote forks them; they connect by the first exec)",
     "exec": "training function received; its imports",
     "data": "data opened / loaded",
     "model": "model and optimizer built",

@@ -135,3 +135,16 @@ def test_unresponsive_child_is_killed_on_exit():
         kids.exec(ignore_stop)
         pids = kids.pids
     assert wait_gone(pids, 0.1) == []
+
+
+def test_a_child_that_never_connects_fails_the_first_exec_naming_the_start_timeout(tmp_path, monkeypatch):
+    """fork returns at once; the first exec waits for the children to connect, and one that has not
+    within START_TIMEOUT (here its zygote is still importing a slow preload) fails the group."""
+    import harness.control.supervise as supervise
+    monkeypatch.setattr(supervise, "START_TIMEOUT", 1.0)
+    (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(30)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with Parent() as parent:
+        kids = parent.fork(2, preload=["slow_preload"])
+        with pytest.raises(ChildFailed, match=r"did not connect within 1 s"):
+            kids.exec(_block_forever)

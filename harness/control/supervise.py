@@ -55,6 +55,7 @@ class Supervisor:
         self.failure: ChildFailed | None = None
         self.stopping = False
         self._exec_ids = itertools.count(1)
+        self._all_connected = False         # every child has said hello: sends may go
         self._signals: list[int] = []       # for remote children: sent by the housekeeping thread
         self._last_heartbeat = 0.0
         # Told (from the housekeeping thread) when a ready child has been silent for a third of the
@@ -64,16 +65,12 @@ class Supervisor:
         self._silent: set[int] = set()
 
     def start(self, link: Link) -> None:
-        """Start every child, then the link's housekeeping; return once all have connected."""
+        """Start every child, then the link's housekeeping, and return at once: the first send waits for
+        them to connect, so the parent's own work (its imports, its checks) overlaps their start. A child
+        that has not connected START_TIMEOUT s after its start fails the group (``find_deaths``)."""
         self.link = link
         self.children = self.starter.start_group()
         link.start()
-        deadline = time.monotonic() + START_TIMEOUT
-        if self.wait_for(lambda: all(c.connected for c in self.children) or None, deadline) is None:
-            late = [c for c in self.children if not c.connected]
-            self.stop(grace=1.0)
-            raise ChildFailed(late[0].rank, f"did not connect within {START_TIMEOUT:.0f} s (ranks "
-                                            f"{[c.rank for c in late]})", late[0].stderr_tail, late[0].host)
 
     def everyone(self) -> list[ChildProcess]:
         """The children, and the warm spare if there is one."""
@@ -96,6 +93,8 @@ class Supervisor:
         """Send each (rank, protocol message). Returns once every zero-copy buffer has left this
         process, so the caller may reuse the objects' memory."""
         self.raise_if_failed()
+        if not self._all_connected:
+            self._all_connected = bool(self.wait_for(lambda: all(c.connected for c in self.children) or None))
         trackers = []
         for rank, message in messages:
             try:
@@ -199,6 +198,10 @@ class Supervisor:
             # Importing torch can hold the GIL for seconds (the heartbeat thread cannot run), more so on
             # a busy machine: a child still importing its preloads is given START_TIMEOUT.
             silent = now - child.last_seen
+            if not child.connected and silent > START_TIMEOUT:
+                child.process.kill()
+                self._fail(child, f"did not connect within {START_TIMEOUT:.0f} s (killed)")
+                return
             if child.connected and silent > (self.heartbeat_timeout if child.ready else START_TIMEOUT):
                 child.process.kill()
                 self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)")

@@ -94,12 +94,21 @@ class Forked:
                 os.kill(self.pid, signum)
 
     def kill(self) -> None:
+        """SIGKILL; one the zygote has not forked yet is dead already, and is killed as it is forked."""
+        with self._changed:
+            if self._pid is None:
+                self.returncode = -signal.SIGKILL
+                self._changed.notify_all()
+                return
         self.send_signal(signal.SIGKILL)
 
     def _set(self, pid: int | None = None, returncode: int | None = None) -> None:
         with self._changed:
+            if pid and self._pid is None and self.returncode is not None:
+                with contextlib.suppress(ProcessLookupError):      # killed before it was forked
+                    os.kill(pid, signal.SIGKILL)
             self._pid = pid if pid is not None else self._pid
-            self.returncode = returncode if returncode is not None else self.returncode
+            self.returncode = returncode if returncode is not None and self.returncode is None else self.returncode
             self._changed.notify_all()
 
 
