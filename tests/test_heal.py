@@ -223,9 +223,9 @@ def test_a_gpu_groups_spare_sees_the_groups_gpus_and_takes_the_dead_ranks_own(mo
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5")
     with Parent(heartbeat_timeout=5.0) as parent:
         kids = parent.fork(2, gpus=[3, 5], heal=True, preload=HEAL)
-        [spare] = set(harness_children(descendants(os.getpid()))) - set(kids.pids)
         kids.exec(report_place_across_a_heal)
         assert kids.receive() == [(0, 0, "3", "cuda:0", "3"), (1, 0, "5", "cuda:0", "5")]
+        [spare] = set(harness_children(descendants(os.getpid()))) - set(kids.pids)  # forked right after them
         os.kill(kids.pids[1], signal.SIGKILL)
         with pytest.raises(ChildFailed, match="child 1 was killed"):
             kids.wait()
