@@ -230,10 +230,11 @@ def updates_per_s(records: list[dict]) -> float:
 def median_step_ms(records: list[dict]) -> float:
     """The median time of an update between progress records (metrics.jsonl's ``step`` events, every
     0.5 s): start-up, compilation and the end of an epoch or run (which wait for the device or
-    validate) fall in few intervals, so this is the steady step, as a peer's timed windows are."""
+    validate) fall in few intervals, so this is the steady step, as a peer's timed windows are. A run
+    too short for two progress records has no steady step: its whole rate (``updates_per_s``) stands in."""
     steps = [r for r in records if r["event"] == "step"]
     intervals = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(steps, steps[1:])]
-    return statistics.median(intervals) * 1000
+    return statistics.median(intervals) * 1000 if intervals else 1000 / updates_per_s(records)
 
 
 # -- charts ----------------------------------------------------------------------------------------

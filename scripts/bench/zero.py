@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
-from scripts.bench.common import ROOT, append_jsonl, bench_record, device, median_step_ms, run_train, write_json
+from scripts.bench.common import ROOT, bench_record, device, median_step_ms, record_row, run_train, write_json
 from scripts.bench.multi import torchrun
 from scripts.bench.single import GPT_RECIPE, make_tokens
 
@@ -48,26 +47,42 @@ def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], mo
             "device": device()}
 
 
-def peer_rows(workers: int, steps: int, out: Path, variants: list[str]) -> list[dict]:
-    """GPT-2 124M (nanoGPT's model and recipe) under Train.py --zero 0/1/2 and under torchrun's peers."""
-    tokens = make_tokens(out / "tokens")
-    gpt = ["--gpus", ",".join(map(str, range(workers))), "--model", "scripts.bench.nanogpt_model:gpt2",
-           "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
-           json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE]
-    rows = [row(workers, zero, steps, out / "logs", gpt, "gpt-nanogpt") for zero in (0, 1, 2) if "harness" in variants]
-    for wrap, zero in (("ddp", 0), ("torch-zero", 1), ("fsdp2", 2)):
-        if wrap not in variants:
-            continue
-        try:
-            measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
-                                   "--steps", str(steps), "--tokens", str(tokens))
-        except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
-            rows.append({"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap, "error": str(e)[-2000:]})
-            continue
-        rows.append({"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
-                     **{k: measured[k] for k in ("param_mb", "grad_mb", "optimizer_mb", "step_ms")},
-                     "peak_mb": measured["peak_allocated_mb"], "peak_reserved_mb": measured["peak_mb"], "device": device()})
-    return rows
+PEERS = (("ddp", 0), ("torch-zero", 1), ("fsdp2", 2))      # torchrun's variant and the --zero it matches
+
+
+def gpt_flags(workers: int, tokens: Path) -> list[str]:
+    """Train.py's flags for GPT-2 124M on nanoGPT's model and recipe, one worker per GPU."""
+    return ["--gpus", ",".join(map(str, range(workers))), "--model", "scripts.bench.nanogpt_model:gpt2",
+            "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
+            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE]
+
+
+def peer_row(workers: int, wrap: str, zero: int, steps: int, tokens: Path) -> dict:
+    """The same GPT under torchrun and ``wrap`` (scripts/bench/peers.py)."""
+    measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
+                           "--steps", str(steps), "--tokens", str(tokens))
+    return {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
+            **{k: measured[k] for k in ("param_mb", "grad_mb", "optimizer_mb", "step_ms")},
+            "peak_mb": measured["peak_allocated_mb"], "peak_reserved_mb": measured["peak_mb"], "device": device()}
+
+
+def measure(rows: list[dict], workers: int, args: argparse.Namespace) -> None:
+    """Every row of ``workers`` workers, each recorded as it is made (common.record_row)."""
+    logs = args.out / "logs"
+    if args.peers:
+        tokens = make_tokens(args.out / "tokens")
+        for zero in (0, 1, 2) if "harness" in args.variants.split(",") else ():
+            record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": "harness"},
+                       lambda: row(workers, zero, args.steps, logs, gpt_flags(workers, tokens), "gpt-nanogpt"))
+        for wrap, zero in (p for p in PEERS if p[0] in args.variants.split(",")):
+            record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap},
+                       lambda: peer_row(workers, wrap, zero, args.steps, tokens))
+        return
+    where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
+    for zero, replica in [(z, False) for z in (0, 1, 2)] + [(z, True) for z in (1, 2) if args.replica]:
+        record_row(rows, args.out, {"model": "mlp-4x1024", "workers": workers, "zero": zero, "variant": "harness",
+                                    "replica": replica},
+                   lambda: row(workers, zero, args.steps, logs, [*MODEL, *RECIPE, *where], replica=replica))
 
 
 def main() -> None:
@@ -83,20 +98,9 @@ def main() -> None:
     p.add_argument("--variants", default="harness,ddp,torch-zero,fsdp2", help="with --peers: which rows")
     args = p.parse_args()
     args.out = args.out.resolve()
-    rows = []
+    rows: list[dict] = []
     for workers in map(int, args.workers.split(",")):
-        if args.peers:
-            found = peer_rows(workers, args.steps, args.out, args.variants.split(","))
-        else:
-            where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
-            extra = [*MODEL, *RECIPE, *where]
-            found = [row(workers, zero, args.steps, args.out / "logs", extra) for zero in (0, 1, 2)]
-            if args.replica:
-                found += [row(workers, zero, args.steps, args.out / "logs", extra, replica=True) for zero in (1, 2)]
-        for found_row in found:
-            rows.append(found_row)
-            append_jsonl(args.out / "rows.jsonl", found_row)
-            print(json.dumps(found_row), flush=True)
+        measure(rows, workers, args)
     write_json(args.out / "bench_zero.json", bench_record(rows=rows))
 
 
