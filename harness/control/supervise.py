@@ -196,15 +196,12 @@ class Supervisor:
                 self._fail(child, describe_exit(returncode))
                 return
             # Importing torch can hold the GIL for seconds (the heartbeat thread cannot run), more so on
-            # a busy machine: a child still importing its preloads is given START_TIMEOUT.
+            # a busy machine: a child still starting or importing its preloads is given START_TIMEOUT.
             silent = now - child.last_seen
-            if not child.connected and silent > START_TIMEOUT:
+            if silent > (self.heartbeat_timeout if child.ready else START_TIMEOUT):
                 child.process.kill()
-                self._fail(child, f"did not connect within {START_TIMEOUT:.0f} s (killed)")
-                return
-            if child.connected and silent > (self.heartbeat_timeout if child.ready else START_TIMEOUT):
-                child.process.kill()
-                self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)")
+                self._fail(child, f"stopped responding (no heartbeat for {silent:.1f} s; killed)" if child.connected
+                           else f"did not connect within {START_TIMEOUT:.0f} s (killed)")
                 return
             self._note_silence(child, silent)
 
