@@ -11,11 +11,11 @@ thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept fo
 reports its death.
 
 A healing group on this machine keeps a **warm spare**: a child started ahead under an identity of
-its own ("spare:N"), connected and with its preloads imported, which waits to be told which rank it is. When a rank dies the spare takes its place at once and a new spare
-starts in the background. A GPU group's spare sees every GPU of the group and touches none until it
-is told which rank, and so which GPU, is its own (CUDA makes a context only on the device used), so
-one spare serves whichever rank dies. Remote groups keep none (a spare would have to wait on the
-dead rank's host).
+its own ("spare:N"), connected and with its preloads imported, which waits to be told which rank it
+is. When a rank dies the spare takes its place at once and a new spare starts in the background. A
+GPU group's spare sees every GPU of the group and touches none until it is told which rank, and so
+which GPU, is its own (CUDA makes a context only on the device used), so one spare serves whichever
+rank dies. Remote groups keep none (a spare would have to wait on the dead rank's host).
 """
 from __future__ import annotations
 
