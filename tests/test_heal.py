@@ -20,7 +20,7 @@ from harness import ChildFailed, Parent
 from harness.resilience.heal import Ticket, Where, rewind
 from harness.training.optim import FUSED, build_optimizer
 from harness.resilience.checkpoint import load_checkpoint
-from tests.helpers.processes import descendants, harness_children, kill_quietly
+from tests.helpers.processes import harness_children_below, kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.soak import soak
@@ -161,7 +161,7 @@ def test_the_api_replaces_a_dead_child_and_the_survivors_go_on_with_it():
         kids = parent.fork(3, heal=True, preload=HEAL)
         kids.exec(count_to, 150, 0.01)
         assert kids[0].receive() == "counting"
-        started = set(harness_children(descendants(os.getpid())))
+        started = set(harness_children_below(os.getpid()))
         os.kill(kids.pids[1], signal.SIGKILL)
         with pytest.raises(ChildFailed, match="child 1 was killed by signal SIGKILL"):
             kids.wait()
@@ -184,15 +184,15 @@ def test_a_second_death_soon_after_the_first_takes_the_spare_started_at_the_firs
         os.kill(kids.pids[1], signal.SIGKILL)
         with pytest.raises(ChildFailed, match="child 1 was killed"):
             kids.wait()
-        before = set(harness_children(descendants(os.getpid())))
+        before = set(harness_children_below(os.getpid()))
         kids.replace(1)
         assert kids[0].receive() == "counting"          # healed, and counting again
-        importing = set(harness_children(descendants(os.getpid()))) - before      # the new spare
+        new_spare = set(harness_children_below(os.getpid())) - before
         os.kill(kids.pids[2], signal.SIGKILL)
         with pytest.raises(ChildFailed, match="child 2 was killed"):
             kids.wait()
         kids.replace(2)
-        assert kids.pids[2] in importing
+        assert kids.pids[2] in new_spare
         results = kids.wait()
     assert [r[0] for r in results] == [150, 150, 150]
     assert [r[1:] for r in results] == [(2, 2), (1, 2), (0, 2)]     # heals seen by each, and the generation
@@ -225,7 +225,7 @@ def test_a_gpu_groups_spare_sees_the_groups_gpus_and_takes_the_dead_ranks_own(mo
         kids = parent.fork(2, gpus=[3, 5], heal=True, preload=HEAL)
         kids.exec(report_place_across_a_heal)
         assert kids.receive() == [(0, 0, "3", "cuda:0", "3"), (1, 0, "5", "cuda:0", "5")]
-        [spare] = set(harness_children(descendants(os.getpid()))) - set(kids.pids)  # forked right after them
+        [spare] = set(harness_children_below(os.getpid())) - set(kids.pids)  # forked right after them
         os.kill(kids.pids[1], signal.SIGKILL)
         with pytest.raises(ChildFailed, match="child 1 was killed"):
             kids.wait()

@@ -70,6 +70,11 @@ def harness_children(pids: Iterable[int]) -> list[int]:
     return found
 
 
+def harness_children_below(pid: int) -> list[int]:
+    """The harness children among every live process below ``pid``: its workers, not zygotes or loaders."""
+    return harness_children(descendants(pid))
+
+
 def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to ``pid`` (a negative pid: its process group), which may be gone already."""
     try:

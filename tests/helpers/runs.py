@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from tests.helpers.processes import descendants, harness_children, kill_session, wait_gone
+from tests.helpers.processes import descendants, harness_children_below, kill_session, wait_gone
 
 WAIT = 120.0        # seconds a test waits for a record or a line before it fails
 STARTED: list[subprocess.Popen] = []     # every Train.py started, for ``end_every_run``
@@ -92,7 +92,7 @@ def recovered(count: int) -> Callable[[list[dict]], bool]:
 
 def workers_of(process: subprocess.Popen) -> list[int]:
     """The training workers (python -m harness.child), not their loader processes."""
-    return harness_children(descendants(process.pid))
+    return harness_children_below(process.pid)
 
 
 def left_in_tmp(tmp_path: Path) -> list[str]:
