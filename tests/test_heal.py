@@ -280,7 +280,7 @@ def test_a_ticket_lets_every_fused_optimizer_apply_an_update_only_where_every_ra
     model = torch.nn.Linear(3, 2)
     optimizer = build_optimizer(name, model.parameters(), lr=0.1, impl="fused")
     comm = _TwoRanks(other_completed=True)
-    ticket = Ticket(comm, optimizer, step=5)
+    ticket = Ticket(comm, [optimizer], step=5)
     for other_completed, changes in ((True, True), (False, False), (True, True)):
         comm.other_completed = other_completed
         before = [p.detach().clone() for p in model.parameters()]

@@ -16,7 +16,7 @@ from harness.training.step import HEAL_DEPTH
 from tests.helpers.gpus import has_gpus
 from tests.helpers.processes import kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
-from tests.helpers.training import flat_params, run_train
+from tests.helpers.training import flat_params, optimizer_state, run_train
 
 pytestmark = pytest.mark.gpu
 
@@ -77,3 +77,32 @@ def test_gpu_workers_killed_and_hung_are_healed_and_the_run_equals_the_uninterru
     print("epoch losses, healed and uninterrupted:", losses)
     print("max abs difference from the uninterrupted run:", (healed - expected).abs().max().item())
     assert torch.equal(healed, expected)        # bit for bit
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-cuda-graph"]], ids=["graphed", "eager"])
+def test_a_gpu_worker_of_a_sharded_run_killed_is_healed_from_its_shards_replica_bit_for_bit(tmp_path, monkeypatch,
+                                                                                         flags):
+    """--zero 2 on 2 GPUs with --heal on: the shards' updates (the rank's and its replica's of the other rank's
+    shard) are guarded by the ticket, graphed or not, and the killed rank's shard comes back from the
+    survivor's replica; the run ends on the uninterrupted run's parameters and optimizer state."""
+    if not has_gpus(2):
+        pytest.skip("needs 2 CUDA GPUs")
+    (tmp_path / "spinning_model.py").write_text(SPINNING_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sharded = [*FLAGS, *flags, "--zero", "2", "--heal", "on", "--max-restarts", "1", "--optimizer", "adamw",
+               "--clip-grad", "0.5"]
+    process = start_train(tmp_path, *sharded)
+    wait_for_record(process, tmp_path, lambda records: any(r.get("step", 0) >= 50 for r in records
+                                                           if r["event"] == "step"))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, out = finish(process, tmp_path)
+
+    assert status == 0, err
+    assert flags or "running eagerly" not in out, out
+    [heal] = records_of(tmp_path, "recovered")
+    print("sharded GPU heal:", heal)
+    assert heal["rank"] == 1 and heal["donor"] == 0 and heal["steps_lost"] == 0
+    assert records_of(tmp_path, "restart") == [] and left == []
+    _, straight = run_train(tmp_path, *sharded, name="straight")
+    assert torch.equal(flat_params(tmp_path / "model.pt"), flat_params(straight))
+    assert torch.equal(optimizer_state(tmp_path / "model.pt"), optimizer_state(straight))

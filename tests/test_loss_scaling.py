@@ -38,6 +38,7 @@ def test_unscaling_the_flat_buffers_divides_every_gradient_and_flags_any_overflo
         scaler = LossScaler(torch.device("cpu"), scale=1024.0)
         expected = [p.grad * (1 / 1024.0) for p in model.parameters()]      # GradScaler's unscale, by hand
         scaler.unscale_(flat.grads)
+        scaler.update()
         for p, want in zip(model.parameters(), expected):
             assert torch.equal(p.grad, want)
         assert scaler.found_inf.item() == float(overflow)
@@ -108,7 +109,7 @@ def test_with_a_heal_ticket_the_update_is_skipped_where_either_says_and_a_void_a
     torch.manual_seed(0)
     model = Overflowing(64, 10, at=[1] if overflow else [])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
-    ticket = Ticket(Summing(2 if void else 1), optimizer, step=0)
+    ticket = Ticket(Summing(2 if void else 1), [optimizer], step=0)
     scaler = LossScaler(torch.device("cpu"))
     step = scaled_step(model, optimizer, scaler, ticket)
     before = snapshot(model, optimizer)

@@ -22,7 +22,7 @@ from harness.training.optim import OPTIMIZERS, build_optimizer, default_impl
 from tests.helpers.collectives import small_model
 from tests.helpers.runs import finish, records_of, start_train, wait_for_record, workers_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
-from tests.helpers.training import flat_params, run_train, train_error
+from tests.helpers.training import flat_params, optimizer_state, run_train, train_error
 
 # AdamW, clipped, 2 micro-batches, buckets of ~0.2 MiB: the MLP's 1.15 MiB of parameters in several
 # buckets, so gradients are reduce-scattered from hooks and some buckets are padded.
@@ -42,12 +42,6 @@ def one_epoch(tmp_path_factory):
                                    name=f"zero{zero}")[1]
         return made[zero]
     return run
-
-
-def optimizer_state(path) -> torch.Tensor:
-    """A checkpoint's elementwise optimizer state as one float64 vector, parameter by parameter."""
-    state = load_checkpoint(path)["optimizer"]["state"]
-    return torch.cat([v.flatten().double() for i in sorted(state) for k, v in sorted(state[i].items()) if v.dim()])
 
 
 def memory(log_dir) -> tuple[list[dict], float | None]:
@@ -122,13 +116,16 @@ def test_zero_with_what_it_cannot_shard_is_one_line(flags, clash, monkeypatch, c
     assert clash in line and "--zero" in line
 
 
-def test_zero_heals_in_place_only_when_asked_and_not_yet_on_gpus():
-    """A replica of each shard costs memory: --zero restarts from the checkpoint unless --heal on."""
+def test_zero_heals_in_place_only_when_asked_on_cpu_and_gpu_workers_alike():
+    """A replica of each shard costs memory: --zero restarts from the checkpoint unless --heal on; GPU
+    workers guard the shards' updates with the heal ticket as they do whole ones."""
     assert resolve(TrainConfig(zero=2, max_restarts=1))[1].heal_in_place is False
     assert resolve(TrainConfig(zero=2, max_restarts=1, heal="on"))[1].heal_in_place is True
     assert resolve(TrainConfig(zero=0, max_restarts=1))[1].heal_in_place is True
-    with pytest.raises(ConfigError, match="--zero 1"):
-        heals_in_place(TrainConfig(zero=1, max_restarts=1, heal="on"), gpus=[0])
+    assert heals_in_place(TrainConfig(zero=1, max_restarts=1, heal="on"), gpus=[0]) is True
+    assert heals_in_place(TrainConfig(zero=1, max_restarts=1), gpus=[0]) is False
+    with pytest.raises(ConfigError, match="--workers-per-gpu 2"):
+        heals_in_place(TrainConfig(zero=1, max_restarts=1, heal="on", workers_per_gpu=2), gpus=[0])
 
 
 def test_a_sharded_heal_finishes_an_update_some_survivor_stepped_on_and_refuses_ranks_an_update_apart():

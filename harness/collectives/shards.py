@@ -284,6 +284,9 @@ class ShardedGradients(GradientAveraging):
     def follower_grads(self) -> list[torch.Tensor]:
         return [g for g in self.replica.layout.grads if g.numel()] if self.replica is not None else []
 
+    def follower_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.replica.optimizer] if self.replica is not None else []
+
     def combine(self, value: torch.Tensor, op: str) -> None:
         self.comm.all_reduce(value, op=op)
 

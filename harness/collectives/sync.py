@@ -60,6 +60,10 @@ class Synchroniser:
         nothing there: that rank checks the same numbers)."""
         return []
 
+    def follower_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that step on ``follower_grads()`` inside ``after_update`` (--zero's replica's)."""
+        return []
+
     # Where update_grads() is a shard, combine(value, op) makes a figure computed over it (a squared norm,
     # an overflow flag) the group's, in place; None: the figure is the group's already.
     combine: Callable[[torch.Tensor, str], None] | None = None

@@ -44,7 +44,7 @@ from __future__ import annotations
 import gc
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -66,18 +66,21 @@ class Where:
 
 class Ticket:
     """The guard of a GPU worker's updates (see the module's docstring). ``punch()`` goes after the
-    update's gradient collectives and before the optimizer's step (a CUDA graph captures it);
-    ``optimizer`` must be a fused one, which honours ``found_inf``. ``step``: updates done so far."""
+    update's last collective before the optimizers step (a CUDA graph captures it): the gradients'
+    and, on shards (--zero), the all-reduces of the clipping norm and the overflow flag, whose
+    results the step reads too. ``optimizers`` (the rank's, then --zero's replica of its predecessor's
+    shard) must be fused ones, which honour ``found_inf``. ``step``: updates done so far."""
 
-    def __init__(self, comm: Any, optimizer: torch.optim.Optimizer, step: int):
+    def __init__(self, comm: Any, optimizers: Sequence[torch.optim.Optimizer], step: int):
         self._comm = comm
-        device = optimizer.param_groups[0]["params"][0].device
+        device = optimizers[0].param_groups[0]["params"][0].device
         self._attempt = torch.zeros(1, dtype=torch.int64, device=device)      # the same on every rank
         self._ticket = torch.zeros(1, dtype=torch.int64, device=device)
         # 0-d, as GradScaler's: Adam's fused step subtracts it from each (0-d) step count.
         self._skip = torch.zeros((), dtype=torch.float32, device=device)
         self.count = torch.full((1,), step, dtype=torch.int64, device=device)   # updates applied
-        optimizer.found_inf = self._skip
+        for optimizer in optimizers:
+            optimizer.found_inf = self._skip
 
     def punch(self) -> None:
         self._attempt.add_(1)

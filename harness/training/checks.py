@@ -150,11 +150,9 @@ def _remote_plan(config: TrainConfig) -> tuple[list[int], TrainConfig]:
 def gpu_heal_limit(config: TrainConfig) -> str | None:
     """What keeps GPU workers from healing in place, if anything. A GPU worker's update applies only
     if its collectives completed (harness/resilience/heal.py), which a fused optimizer can be told;
-    param mode's averaging, workers sharing a GPU and --zero's shard replicas have no such guard yet."""
+    param mode's averaging and workers sharing a GPU have no such guard yet."""
     if config.workers_per_gpu > 1:
         return f"--workers-per-gpu {config.workers_per_gpu}"
-    if config.zero:     # the shard replica's update is not yet guarded by the ticket nor rewound after warm-up
-        return f"--zero {config.zero}"
     if config.mode == "param":
         return "--mode param"
     if (config.optimizer_impl or default_impl(config.optimizer)) != "fused":

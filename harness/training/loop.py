@@ -192,7 +192,7 @@ class Worker:
             mine = self.saved_ranks[self.rank % len(self.saved_ranks)]
             self.sync.load_state_dict(mine)
             load_optimizer_state(self.optimizer, mine["optimizer"])
-        ticket = Ticket(self.comm, self.optimizer, self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
+        ticket = Ticket(self.comm, self.optimizers(), self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
             self.scaler.bind(*self.optimizers())
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
@@ -416,11 +416,15 @@ class Worker:
         """A collective failed: if a peer died, rejoin the group's next generation and heal from where the
         GPU really stands (a ticket's count, which may be behind the CPU's); else re-raise ``error``."""
         phases = {"failed": time.time()}
-        progress = Progress(self.sync.ready, self.sync.applied) if self.replica is not None else None
+        ticket = self.train_step.ticket
+        # --zero: how far the interrupted update got. The host's flags say so on CPU workers; on GPU ones the
+        # host runs ahead of the device, and the ticket's count is where the optimizers stand.
+        progress = None if self.replica is None else Progress(False, False) if ticket else \
+            Progress(self.sync.ready, self.sync.applied)
         self.sync.close()
         self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
         timeline.mark(phases, "rejoined")
-        ticket, self.train_step, self.vote = self.train_step.ticket, None, None
+        self.train_step, self.vote = None, None
         if self.comm is None:
             raise error
         where = self.state.where()

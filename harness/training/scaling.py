@@ -42,7 +42,8 @@ GROWTH, BACKOFF = 2.0, 0.5
 class LossScaler:
     """The scale and its counters, as device tensors. ``bind(optimizer)`` once the optimizer's skip
     flag is settled (after a heal Ticket, if any), ``scaled(loss)`` before backward, ``unscale_(grads)``
-    after the gradients are averaged and before clipping. ``interval``: clean updates before it grows."""
+    after the gradients are averaged and before clipping, ``update()`` just before the optimizer's step.
+    ``interval``: clean updates before it grows."""
 
     def __init__(self, device: torch.device, scale: float = INITIAL_SCALE, interval: int = GROWTH_INTERVAL):
         self.interval = interval
@@ -57,7 +58,7 @@ class LossScaler:
     def bind(self, *optimizers: torch.optim.Optimizer) -> None:
         """Make ``optimizers`` (fused ones; the first, the rank's own, then --zero's replica) skip an
         overflowing update. A flag the first already has, a heal Ticket's, stays its flag and becomes the
-        others': ``unscale_`` raises it on overflow too."""
+        others': ``update`` raises it on overflow too."""
         flag = getattr(optimizers[0], "found_inf", None)
         self._void = flag if flag is not None and flag is not self.found_inf else None
         for optimizer in optimizers:
@@ -68,14 +69,19 @@ class LossScaler:
         return loss * self.scale
 
     def unscale_(self, grads: list[torch.Tensor], combine: Callable[[torch.Tensor, str], None] | None = None) -> None:
-        """Divide the flat gradients by the scale, flag an overflow (the optimizer then skips the
-        update), and move the scale on. Issues device work only. ``combine``: where ``grads`` are this
-        rank's shards (--zero), the flag is made the group's (max), so that every rank skips alike."""
+        """Divide the flat gradients by the scale and flag an overflow; ``update()`` then moves the scale
+        (after a heal Ticket's punch, if any). Issues device work only. ``combine``: where ``grads`` are
+        this rank's shards (--zero), the flag is made the group's (max), so that every rank skips alike."""
         self.found_inf.zero_()
         torch.reciprocal(self.scale, out=self._inverse)
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, self._inverse)
         if combine is not None:
             combine(self.found_inf, "max")
+
+    def update(self) -> None:
+        """Move the scale on this update's overflow flag, just before the optimizers step: an overflow
+        halves it, a clean update counts towards growth; an attempt a heal Ticket voided leaves it as it was,
+        and the optimizers skip where either flag says so."""
         if self._void is None:
             self._update()
             return

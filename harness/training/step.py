@@ -94,14 +94,16 @@ class TrainStep:
                 part_loss = self.backward(part)
             loss = part_loss if loss is None else loss + part_loss
         self.sync.after_backward()
-        if self.ticket is not None:
-            self.ticket.punch()
         grads, followers = self.sync.update_grads(), self.sync.follower_grads()
         if self.scaler is not None:     # unscaled before clipping; an overflowing update is skipped
             self.scaler.unscale_(grads + followers, self.sync.combine)
         if self.clip is not None:
             self.grad_norm = clip_grad_norm(grads, self.clip, self.sync.combine, followers)
         self.sync.before_step()
+        if self.ticket is not None:     # after the last collective the step reads (sharded: norm and flag)
+            self.ticket.punch()
+        if self.scaler is not None:
+            self.scaler.update()
         self.optimizer.step()
         self.sync.after_update()
         return loss
@@ -139,25 +141,32 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
 
 
 class Rewind:
-    """What warm-up updates change, put back afterwards: parameters and buffers, the optimizer's
-    state, and the random generators. State the optimizer created during warm-up (its first step's
+    """What warm-up updates change, put back afterwards: parameters and buffers, the optimizers' state
+    (the rank's, and --zero's replica's), and the random generators. State an optimizer created during warm-up (its first step's
     momentum or Adam moments) is zeroed in place, not dropped: the graph holds its address, and zero
     is what the step after it computes from (fresh Adam moments are zeros; SGD's momentum without
     dampening becomes the gradient either way)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]):
+        self.model, self.optimizers = model, optimizers
         self.weights = {k: v.clone() for k, v in model.state_dict().items()}
-        self.state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
-                      for p, state in optimizer.state.items()}
+        self.state = [{p: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+                       for p, state in optimizer.state.items()} for optimizer in optimizers]
         self.rng = torch.get_rng_state(), torch.cuda.get_rng_state()
 
     @torch.no_grad()
     def restore(self) -> None:
         for k, v in self.model.state_dict().items():
             v.copy_(self.weights[k])
-        for p, state in self.optimizer.state.items():
-            before = self.state.get(p, {})
+        for optimizer, saved in zip(self.optimizers, self.state):
+            self._restore(optimizer, saved)
+        torch.set_rng_state(self.rng[0])
+        torch.cuda.set_rng_state(self.rng[1])
+
+    @staticmethod
+    def _restore(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+        for p, state in optimizer.state.items():
+            before = saved.get(p, {})
             for k, v in list(state.items()):
                 if torch.is_tensor(v):
                     v.copy_(before[k]) if k in before else v.zero_()
@@ -165,8 +174,6 @@ class Rewind:
                     state[k] = before[k]
                 else:
                     del state[k]
-        torch.set_rng_state(self.rng[0])
-        torch.cuda.set_rng_state(self.rng[1])
 
 
 class GraphedTrainStep(TrainStep):
@@ -174,7 +181,7 @@ class GraphedTrainStep(TrainStep):
         """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
         super().__init__(*args, **options)
         self.batch = tree_map(torch.Tensor.clone, example)       # the graph's inputs, at fixed addresses
-        rewind = Rewind(self.model, self.optimizer)
+        rewind = Rewind(self.model, [self.optimizer, *self.sync.follower_optimizers()])
         applied = self.ticket.count.clone() if self.ticket is not None else None
         scaled = self.scaler.state_dict() if self.scaler is not None else None
         side = torch.cuda.Stream()
@@ -242,7 +249,8 @@ def make_step(model, compute, optimizer, flat, sync, autocast, cuda_graph: bool 
         say("CUDA graph: workers sharing a GPU signal each other from the host, which a graph cannot "
             "replay; running eagerly")
         return eager()
-    make_capturable(optimizer)
+    for each in (optimizer, *sync.follower_optimizers()):
+        make_capturable(each)
     step = GraphedTrainStep(*args, example=example, clip=clip, accum=accum, ticket=ticket, scaler=scaler)
     problem = None
     try:

@@ -49,6 +49,12 @@ def flat_params(path: Path) -> torch.Tensor:
     return flat_state(load_checkpoint(path)["model"])
 
 
+def optimizer_state(path: Path) -> torch.Tensor:
+    """A checkpoint's elementwise optimizer state as one float64 vector, parameter by parameter."""
+    state = load_checkpoint(path)["optimizer"]["state"]
+    return torch.cat([v.flatten().double() for i in sorted(state) for k, v in sorted(state[i].items()) if v.dim()])
+
+
 def flat_state(state: dict[str, torch.Tensor]) -> torch.Tensor:
     """A model state dict's floating-point entries as one float64 vector."""
     return torch.cat([v.flatten().double() for v in state.values() if v.is_floating_point()])
