@@ -104,5 +104,9 @@ def test_a_gpu_worker_of_a_sharded_run_killed_is_healed_from_its_shards_replica_
     assert heal["rank"] == 1 and heal["donor"] == 0 and heal["steps_lost"] == 0
     assert records_of(tmp_path, "restart") == [] and left == []
     _, straight = run_train(tmp_path, *sharded, name="straight")
+    for name, read in (("parameters", flat_params), ("optimizer state", optimizer_state)):
+        differ = (read(tmp_path / "model.pt") - read(straight)).abs()
+        print(f"{name}: {int((differ > 0).sum())} of {differ.numel()} differ from the uninterrupted run's, first at "
+              f"{(differ > 0).nonzero().flatten()[:8].tolist()}, by at most {differ.max().item()}")
     assert torch.equal(flat_params(tmp_path / "model.pt"), flat_params(straight))
     assert torch.equal(optimizer_state(tmp_path / "model.pt"), optimizer_state(straight))

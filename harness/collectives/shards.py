@@ -73,10 +73,11 @@ class ShardBucket:
 class ShardLayout:
     """Which elements of the flat buffers each of ``size`` ranks owns (see the module's docstring), and
     ``rank``'s optimizer parameters (``pieces``) and gradient pieces (``grads``, one per bucket,
-    ``piece`` elements each, zeros where padding). ``rank`` may be another rank's: the layout of the
-    replica a rank keeps of its predecessor's shard (``Replica``)."""
+    ``piece`` elements each, zeros where padding). ``replica``: ``rank`` is another rank's, and this is the
+    layout of the copy a rank keeps of its predecessor's shard (``Replica``), with gradients and parameters
+    of its own."""
 
-    def __init__(self, flat: FlatParameters, size: int, rank: int, bucket_mb: float, own_grads: bool = False):
+    def __init__(self, flat: FlatParameters, size: int, rank: int, bucket_mb: float, replica: bool = False):
         self.size, self.rank, self.segments = size, rank, flat.segments
         self.buckets: list[ShardBucket] = []
         for segment in flat.segments:
@@ -86,8 +87,8 @@ class ShardLayout:
                 start, stop = min(offsets), max(o + p.numel() for o, p in zip(offsets, group))
                 self.buckets.append(ShardBucket(segment, group, offsets, start, stop, -(-(stop - start) // size), size))
         # Where the flat gradients exist (stage 1) this rank's piece of them is reduced in place; else
-        # (stage 2, or ``own_grads``: a replica of another rank's shard) each bucket's piece is a buffer of its own.
-        self.grads = [b.segment.grads[slice(*b.owned(rank))] if b.segment.grads is not None and not own_grads else
+        # (stage 2, or a replica of another rank's shard) each bucket's piece is a buffer of its own.
+        self.grads = [b.segment.grads[slice(*b.owned(rank))] if b.segment.grads is not None and not replica else
                       torch.zeros(b.piece, dtype=b.segment.params.dtype, device=b.segment.params.device)
                       for b in self.buckets]
         self.pieces: list[torch.nn.Parameter] = []
@@ -95,13 +96,25 @@ class ShardLayout:
         for index, bucket in enumerate(self.buckets):
             first, last = bucket.owned(rank)
             if last > first:
-                piece = torch.nn.Parameter(bucket.segment.params[first:last])     # an alias, not a copy
+                owned = bucket.segment.params[first:last]       # an alias, not a copy, unless a replica's
+                piece = torch.nn.Parameter(owned.clone() if replica else owned)
                 piece.grad = self.grads[index][:last - first]
                 self.pieces.append(piece)
                 self.piece_buckets.append(index)
         if not self.pieces:
             raise ValueError(f"--zero over {size} workers: rank {rank} would own no parameters (the model has "
                              f"{sum(b.numel for b in self.buckets)} trainable elements); use fewer workers or --zero 0")
+
+    def piece_of(self, bucket: int) -> torch.nn.Parameter | None:
+        """This rank's piece of the parameters in bucket ``bucket`` (None where padding is all it has)."""
+        return dict(zip(self.piece_buckets, self.pieces)).get(bucket)
+
+    @torch.no_grad()
+    def take_parameters(self) -> None:
+        """A replica's pieces copied from the flat parameters, where they are the group's (the start, a heal)."""
+        for index, piece in zip(self.piece_buckets, self.pieces):
+            first, last = self.buckets[index].owned(self.rank)
+            piece.copy_(self.buckets[index].segment.params[first:last])
 
     def largest_bucket_mb(self) -> float:
         """The largest bucket, padded (a bucket holds at least one parameter, whatever bucket_mb says)."""
@@ -142,11 +155,14 @@ class _Slot:
 @dataclass
 class Replica:
     """The copy a rank keeps of its predecessor's shard, so that the group heals in place when a rank
-    dies (harness/resilience/shard_heal.py): rank - 1's layout with gradient pieces of its own, and an
-    optimizer over it. Every update, once the reduce-scatters are done, each rank passes its gradient
-    pieces to the next (``Communicator.shift``: 1/N of the gradients), and the replica's optimizer steps
-    on them beside the rank's own: the same numbers through the same arithmetic, so the two copies stay
-    equal bit for bit. It costs a second 1/N of optimizer state and of gradients, and the shift."""
+    dies (harness/resilience/shard_heal.py): rank - 1's layout with gradient and parameter pieces of its
+    own, and an optimizer over it. Every update, once the reduce-scatters are done, each rank passes its
+    gradient pieces to the next (``Communicator.shift``: 1/N of the gradients), and the replica's optimizer
+    steps on them beside the rank's own: the same numbers through the same arithmetic, so the two copies
+    stay equal bit for bit. It costs a second 1/N of optimizer state, of gradients and of parameters, and
+    the shift. Why its parameters are not the flat buffer's range of that shard: the all-gather writes
+    that range, and on GPU workers a peer's death aborts it, leaving there whatever NCCL had in its buffers
+    (measured: values near 1e22 after a heal on 2 x H200), while the copy that heals the shard must be intact."""
     layout: ShardLayout
     optimizer: torch.optim.Optimizer
 
@@ -174,6 +190,11 @@ class ShardedGradients(GradientAveraging):
         self.slots = [_Slot(largest) for _ in range(STAGING)]
         self.order = LaunchOrder([b.params for b in layout.buckets], self._reduce, lambda: self.syncing)
         self.reset()
+
+    def start(self) -> None:
+        super().start()
+        if self.replica is not None:
+            self.replica.layout.take_parameters()
 
     def reset(self) -> None:
         self.order.reset()

@@ -7,8 +7,8 @@ replacement for dead rank d is given
 - its shard's optimizer state by rank d + 1, from that rank's replica,
 - its replica (of rank d - 1's shard) by rank d - 1, from that rank's own optimizer,
 - the parameters by their owners, bucket by bucket: each rank broadcasts its own pieces, and rank
-  d + 1 broadcasts d's from its replica's (the updated values are there: the replica's optimizer
-  updates the flat parameters in d's range before the all-gather overwrites them with d's).
+  d + 1 broadcasts d's from its replica's own copy of them (its flat buffer's range of d's shard is what
+  the interrupted all-gather left there), and every rank's replica then takes its copy from the result.
 
 Where the interrupted update stood: a rank reports its place and whether its optimizers stepped on an
 update the loop had not counted yet (``applied``: the death came in that update's all-gather). The
@@ -61,7 +61,8 @@ def hand_over_shards(ctx: Any, comm: Any, flat: FlatParameters, layout: ShardLay
     (d,) = [rank for rank, (report, _) in enumerate(reports) if report is None]
     survivors = [rank for rank in range(comm.size) if rank != d]
     after, before = (d + 1) % comm.size, (d - 1) % comm.size
-    gather_owned(comm, layout, d)
+    gather_owned(comm, layout, replica.layout, d)
+    replica.layout.take_parameters()
     for tensor in flat.buffers:
         comm.broadcast(tensor, root=survivors[0])
     broadcast_optimizer(ctx, comm, replica.optimizer if ctx.rank == after else optimizer, after, {d})
@@ -97,11 +98,20 @@ def agreed_place(reports: list[tuple[Where | None, Progress | None]]) -> tuple[W
     return (finishing[0], True, catching_up) if finishing else (next(iter(survivors.values()))[0], False, set())
 
 
-def gather_owned(comm: Any, layout: ShardLayout, dead: int) -> None:
-    """Every piece of the flat parameters from its owner; the dead rank's from its successor's replica."""
-    for bucket in layout.buckets:
+def gather_owned(comm: Any, layout: ShardLayout, replica: ShardLayout, dead: int) -> None:
+    """Every piece of the flat parameters from its owner; the dead rank's from its successor's ``replica``."""
+    successor = (dead + 1) % comm.size
+    for index, bucket in enumerate(layout.buckets):
         for owner in range(comm.size):
             first, last = bucket.owned(owner)
-            if last > first:
-                root = (dead + 1) % comm.size if owner == dead else owner
-                comm.broadcast(bucket.segment.params[first:last], root=root)
+            if last <= first:
+                continue
+            target = bucket.segment.params[first:last]
+            if owner != dead:
+                comm.broadcast(target, root=owner)
+            elif comm.rank != successor:
+                comm.broadcast(target, root=successor)
+            else:
+                kept = replica.piece_of(index).detach()
+                comm.broadcast(kept, root=successor)
+                target.copy_(kept)

@@ -163,7 +163,7 @@ class Worker:
     def make_replica(self) -> Replica:
         """The layout of the previous rank's shard and an optimizer over it (ShardedGradients keeps it
         up to date)."""
-        layout = ShardLayout(self.flat, self.world, (self.rank - 1) % self.world, self.config.bucket_mb, own_grads=True)
+        layout = ShardLayout(self.flat, self.world, (self.rank - 1) % self.world, self.config.bucket_mb, replica=True)
         return Replica(layout, make_optimizer(self.config, layout.pieces, self.device))
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
