@@ -142,14 +142,17 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
 
 class Rewind:
     """What warm-up updates change, put back afterwards: parameters and buffers, the optimizers' state
-    (the rank's, and --zero's replica's), and the random generators. State an optimizer created during warm-up (its first step's
+    (the rank's, and --zero's replica's), ``tensors`` outside the model that they update (the replica's
+    own parameters), and the random generators. State an optimizer created during warm-up (its first step's
     momentum or Adam moments) is zeroed in place, not dropped: the graph holds its address, and zero
     is what the step after it computes from (fresh Adam moments are zeros; SGD's momentum without
     dampening becomes the gradient either way)."""
 
-    def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]):
-        self.model, self.optimizers = model, optimizers
+    def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
+                 tensors: list[torch.Tensor] = ()):
+        self.model, self.optimizers, self.tensors = model, optimizers, list(tensors)
         self.weights = {k: v.clone() for k, v in model.state_dict().items()}
+        self.kept = [t.detach().clone() for t in self.tensors]
         self.state = [{p: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
                        for p, state in optimizer.state.items()} for optimizer in optimizers]
         self.rng = torch.get_rng_state(), torch.cuda.get_rng_state()
@@ -158,6 +161,8 @@ class Rewind:
     def restore(self) -> None:
         for k, v in self.model.state_dict().items():
             v.copy_(self.weights[k])
+        for t, kept in zip(self.tensors, self.kept):
+            t.copy_(kept)
         for optimizer, saved in zip(self.optimizers, self.state):
             self._restore(optimizer, saved)
         torch.set_rng_state(self.rng[0])
@@ -181,7 +186,9 @@ class GraphedTrainStep(TrainStep):
         """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
         super().__init__(*args, **options)
         self.batch = tree_map(torch.Tensor.clone, example)       # the graph's inputs, at fixed addresses
-        rewind = Rewind(self.model, [self.optimizer, *self.sync.follower_optimizers()])
+        followers = self.sync.follower_optimizers()
+        rewind = Rewind(self.model, [self.optimizer, *followers],
+                        [p for follower in followers for group in follower.param_groups for p in group["params"]])
         applied = self.ticket.count.clone() if self.ticket is not None else None
         scaled = self.scaler.state_dict() if self.scaler is not None else None
         side = torch.cuda.Stream()
