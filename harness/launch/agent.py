@@ -73,7 +73,9 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
                       file=sys.stderr, flush=True)
                 return RETRY_EXIT
             print(f"node {start.node_rank}: connected to the parent at {host}:{port}", flush=True)
+            signals.serving = True
             status = Served(socket, key, heartbeat_timeout, signals).run()
+            signals.serving = False
             if status is not None:
                 return status
             served += 1
@@ -140,17 +142,18 @@ def _answer(socket: zmq.Socket, key: bytes) -> str | None:
 
 
 class Signals:
-    """SIGINT and SIGTERM while the agent serves: the first is sent to the parent (``pending`` until it is),
-    a second ends the agent at once."""
+    """SIGINT and SIGTERM: while the agent serves a run, the first is sent to the parent (``pending`` until
+    it is) and a second ends the agent at once; while it looks for the parent, the first ends it."""
 
     def __init__(self) -> None:
         self.pending: int | None = None
+        self.serving = False
         self._caught = False
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self._caught:
-            os.write(2, f"{signal.Signals(signum).name} again: the node agent stops at once\n".encode())
+        if self._caught or not self.serving:
+            os.write(2, f"{signal.Signals(signum).name}: the node agent stops at once\n".encode())
             os._exit(128 + signum)
         self._caught, self.pending = True, signum
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Mapping
 
 import zmq
+import zmq.utils.z85
 
 MIN_KEY_CHARS = 32      # e.g. 16 random bytes as hex; token_hex(32) gives 64
 HOW = ('make one with: python -c "import secrets; print(secrets.token_hex(32))" > harness.key; and give every node '
