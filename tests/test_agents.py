@@ -5,20 +5,26 @@ on the same hosts, and heal a killed child without torchrun noticing; the key ev
 node count are checked with one-line errors."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import threading
+import time
 
 import pytest
 import torch
 
 from harness.launch import agent, trust
+from harness.launch.agents import Agents
 from harness.launch.cluster import ClusterStart, rendezvous
-from harness.training.metrics import read_metrics
 from tests.helpers.ci import missing
 from tests.helpers.engines import Torchrun
 from tests.helpers.netns_hosts import Hosts, why_not
 from tests.helpers.processes import harness_children
-from tests.helpers.training import flat_params, run_train
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
+from tests.helpers.training import flat_params, run_train, train_error
+from tests.test_cluster import RECORDED
 
 FLAGS = ["--max-steps", "30", "--batch-size", "16", "--seed", "4", "--cpu-workers", "1"]
 
@@ -28,13 +34,29 @@ def hosts(tmp_path_factory):
     reason = why_not()
     if reason:
         missing(f"cannot make hosts as network namespaces here: {reason}")
-    made = Hosts(tmp_path_factory.mktemp("hosts"), count=2)
+    made = Hosts(tmp_path_factory.mktemp("hosts"), count=3)
     yield made
     made.close()
 
 
-def children_on(hosts: Hosts) -> list[int]:
-    return harness_children([pid for namespace in hosts.namespaces for pid in hosts.processes(namespace)])
+def children_on(hosts: Hosts, index: int | None = None) -> list[int]:
+    """The harness children running on host ``index`` (None: on any host)."""
+    spaces = hosts.namespaces if index is None else hosts.namespaces[index:index + 1]
+    return harness_children([pid for namespace in spaces for pid in hosts.processes(namespace)])
+
+
+def records(directory) -> list[dict]:
+    path = directory / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_steps(job: Torchrun, directory) -> None:
+    """Until node 0's run has logged an update (fails if a node ends first or after 120 s)."""
+    deadline = time.monotonic() + 120
+    while not any(r["event"] == "step" for r in records(directory)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in job.processes), \
+            job.output(0)[-3000:] + job.output(1)[-3000:]
+        time.sleep(0.1)
 
 
 def test_torchrun_on_two_nodes_trains_as_ssh_does_on_the_same_hosts(hosts, tmp_path, monkeypatch):
@@ -43,9 +65,101 @@ def test_torchrun_on_two_nodes_trains_as_ssh_does_on_the_same_hosts(hosts, tmp_p
     assert "started by torchrun: node 0 of 2, restart 0" in job.output(0)
     assert "started by torchrun: node 1 of 2" in job.output(1)
     monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
-    _, ssh = run_train(tmp_path, *FLAGS[:-2], "--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses),
+    _, ssh = run_train(tmp_path, *FLAGS[:-2], "--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses[:2]),
                        name="ssh")
     assert torch.equal(flat_params(tmp_path / "agents.pt"), flat_params(ssh))
-    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
-    assert [r["hosts"] for r in records if r["event"] == "workers"] == [hosts.addresses]
+    assert [r["hosts"] for r in records(tmp_path) if r["event"] == "workers"] == [hosts.addresses[:2]]
     assert children_on(hosts) == []
+
+
+def test_a_child_killed_under_torchrun_is_healed_and_torchrun_never_restarts(hosts, slow_straight, tmp_path):
+    """The slow model's job (slow_model.FLAGS) on one worker on each of three nodes, one killed on node 1:
+    healed in place, it ends with the parameters of its uninterrupted run on three local workers, and the
+    engine saw nothing (one start, restart count 0)."""
+    local = SLOW_FLAGS.index("--cpu-workers")
+    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
+             "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
+    job = Torchrun(hosts, tmp_path, *flags, nodes=3, env={"OMP_NUM_THREADS": "1"})
+    wait_for_steps(job, tmp_path)
+    os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
+    assert job.wait() == [0, 0, 0], job.output(0)[-3000:]
+
+    done = records(tmp_path)
+    assert [(r["rank"], r["generation"]) for r in done if r["event"] == "recovered"] == [(1, 1)]
+    assert [r["restart_count"] for r in done if r["event"] == "cluster"] == [0]
+    assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
+    assert children_on(hosts) == []
+
+
+KEY = "0123456789abcdef" * 4
+
+
+def parent_and_agent(parent_key: str, agent_key: str, agent_nodes: int = 2) -> tuple[Exception | None, object]:
+    """Node 0's parent of a 2-node torchrun job and node 1's agent finding it on this machine's loopback,
+    each with its key: (what the parent's wait for its agents raised, "connected" or what the agent's
+    search raised)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start = ClusterStart("torchrun", 0, 2)
+    outcome: dict[str, BaseException | None] = {"parent": None}
+
+    def parent() -> None:
+        try:
+            Agents(start, ("127.0.0.1", port), trust.preshared_key({"HARNESS_KEY": parent_key}), 1, 5.0, wait=3.0).close()
+        except ValueError as error:
+            outcome["parent"] = error
+    thread = threading.Thread(target=parent)
+    thread.start()
+    hello = {"node_rank": 1, "nodes": agent_nodes, "engine": "torchrun", "slots": 1, "gpus": 0, "host": "n1"}
+    try:
+        found = agent.find_parent("127.0.0.1", port, trust.preshared_key({"HARNESS_KEY": agent_key}), hello,
+                                  time.monotonic() + 2.0)
+        found.close()
+        found = "connected"
+    except (TimeoutError, ValueError) as error:
+        found = error
+    thread.join()
+    return outcome["parent"], found
+
+
+def test_nodes_with_the_same_key_connect_and_a_node_with_another_key_is_told_so():
+    assert parent_and_agent(KEY, KEY) == (None, "connected")
+    parent, found = parent_and_agent(KEY, KEY[::-1])
+    assert isinstance(found, TimeoutError) and "it has another key" in str(found) and "HARNESS_KEY_FILE" in str(found)
+    assert "nodes 1 did not connect within 3 s" in str(parent) and "the same key" in str(parent)
+
+
+def test_a_node_of_a_job_with_another_node_count_is_refused_on_both_ends():
+    parent, found = parent_and_agent(KEY, KEY, agent_nodes=3)
+    assert isinstance(found, agent.Refused) and "started for a job of 3 nodes, but node 0 for one of 2" in str(found)
+    assert str(parent) == str(found)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "neither HARNESS_KEY_FILE nor HARNESS_KEY is set"),
+    ({"HARNESS_KEY": "short"}, "HARNESS_KEY holds 5 characters, fewer than 32"),
+    ({"HARNESS_KEY_FILE": "/nonexistent/key"}, "HARNESS_KEY_FILE=/nonexistent/key: No such file or directory"),
+])
+def test_a_missing_or_weak_key_is_a_one_line_error_saying_how_to_make_one(env, message, monkeypatch, capsys):
+    for name, value in {**RECORDED["torchrun"][0], "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "2",
+                        **env}.items():
+        monkeypatch.setenv(name, value)
+    for name in {"HARNESS_KEY", "HARNESS_KEY_FILE"} - set(env):
+        monkeypatch.delenv(name, raising=False)
+    line = train_error("--cpu-workers", "1", monkeypatch=monkeypatch, capsys=capsys)
+    assert message in line and "secrets.token_hex(32)" in line and "export HARNESS_KEY_FILE=" in line
+
+
+def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it():
+    torchrun = {**RECORDED["torchrun"][0], "MASTER_ADDR": "node0", "MASTER_PORT": "41000"}
+    assert rendezvous(ClusterStart("torchrun", 1, 2), torchrun) == ("node0", 41001)
+    assert rendezvous(ClusterStart("torchrun", 1, 2), {**torchrun, "HARNESS_PORT": "5000"}) == ("node0", 5000)
+    pytorchjob = RECORDED["pytorchjob"][0]
+    assert rendezvous(ClusterStart("kubeflow", 2, 3), pytorchjob) == ("job-master-0", 23456)
+    slurm = RECORDED["slurm"][0]
+    assert rendezvous(ClusterStart("slurm", 1, 2), slurm) == ("node0", 29500)
+    assert rendezvous(ClusterStart("sagemaker", 1, 2), RECORDED["sagemaker"][0]) == ("algo-1", 29500)
+    assert rendezvous(ClusterStart("skypilot", 0, 3), RECORDED["skypilot"][0]) == ("10.0.0.1", 29500)
+    with pytest.raises(ValueError, match="set MASTER_ADDR to its address on every node .e.g. mpirun -x MASTER_ADDR"):
+        rendezvous(ClusterStart("mpi", 1, 2), RECORDED["openmpi"][0])

@@ -1,5 +1,6 @@
 """Started by an engine: each one's recorded environment detected as it, the known false positives
-not, one process per node and one node enforced with the fix named, and a real torchrun start."""
+not, one process per node enforced with the fix named, and a real torchrun start (on several nodes:
+tests/test_agents.py)."""
 from __future__ import annotations
 
 import json
@@ -70,12 +71,13 @@ def test_cluster_none_turns_detection_off_and_a_named_engine_must_be_there():
         detect(RECORDED["torchrun"][0] | {"SLURM_STEP_ID": "0"}, "slurm")
 
 
-def test_more_than_one_process_per_node_or_more_than_one_node_is_refused_with_the_fix():
+def test_more_than_one_process_per_node_or_a_node_outside_the_job_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"torchrun started 8 processes.*torchrun --nproc-per-node 1"):
         check_start(ClusterStart("torchrun", 0, 1, 8))
-    with pytest.raises(ValueError, match=r"on 2 nodes.*--launcher ssh"):
-        check_start(ClusterStart("slurm", 1, 2))
+    with pytest.raises(ValueError, match=r"this is node 3 of 2: a node rank must be 0..1"):
+        check_start(ClusterStart("slurm", 3, 2))
     check_start(ClusterStart("kubeflow", 0, 1))
+    check_start(ClusterStart("slurm", 1, 2))        # node 1 of 2: node 0's agent (tests/test_agents.py)
 
 
 def test_a_restarted_job_resumes_from_the_checkpoint_it_was_writing(tmp_path, monkeypatch):

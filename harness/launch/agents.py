@@ -135,15 +135,18 @@ class Agents(Launcher):
 
     def _await(self, wait: float) -> None:
         """Until every other node's agent has said hello; a ValueError naming those missing after ``wait`` s."""
-        deadline, others = time.monotonic() + wait, self.start_info.nodes - 1
-        while not self._joined.wait(min(SAY_EVERY, max(0.0, deadline - time.monotonic()))):
-            missing = [r for r in range(1, others + 1) if r not in self._nodes]
-            if self._error or time.monotonic() >= deadline:
+        deadline = time.monotonic() + wait
+        while True:
+            joined = self._joined.wait(min(SAY_EVERY, max(0.0, deadline - time.monotonic())))
+            missing = ", ".join(str(r) for r in range(1, self.start_info.nodes) if r not in self._nodes)
+            if self._error or (not joined and time.monotonic() >= deadline):
                 self.close(1)
-                raise ValueError(self._error or f"nodes {', '.join(map(str, missing))} did not connect within "
-                                 f"{wait:.0f} s: check that they run Train.py with the same flags and the same key "
-                                 "(HARNESS_KEY_FILE or HARNESS_KEY), and reach this node")
-            print(f"node 0: waiting for node(s) {', '.join(map(str, missing))} to connect", flush=True)
+                raise ValueError(self._error or f"nodes {missing} did not connect within {wait:.0f} s: check that "
+                                 "they run Train.py with the same flags and the same key (HARNESS_KEY_FILE or "
+                                 "HARNESS_KEY), and reach this node")
+            if joined:
+                break
+            print(f"node 0: waiting for node(s) {missing} to connect", flush=True)
         print(f"node 0: every node connected: " + ", ".join(f"node {n.rank} at {n.address} ({n.slots} slots)"
                                                           for n in sorted(self._nodes.values(), key=lambda n: n.rank)),
               flush=True)
@@ -244,6 +247,7 @@ class Agents(Launcher):
                        "job's replicas or node count)")
             self._send(identity, ("refused", refused))
             self._error = self._error or refused
+            self._joined.set()      # wakes the wait, which raises the error
             return
         if rank in self._nodes and self._joined.is_set():
             self._lose(self._nodes[rank], "its agent lost the link and connected again")
