@@ -163,3 +163,36 @@ def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it
     assert rendezvous(ClusterStart("skypilot", 0, 3), RECORDED["skypilot"][0]) == ("10.0.0.1", 29500)
     with pytest.raises(ValueError, match="set MASTER_ADDR to its address on every node .e.g. mpirun -x MASTER_ADDR"):
         rendezvous(ClusterStart("mpi", 1, 2), RECORDED["openmpi"][0])
+
+
+def agent_process(hosts: Hosts, index: int) -> int:
+    """The pid of Train.py (the node agent) that torchrun started on host ``index``."""
+    for pid in hosts.processes(hosts.namespaces[index]):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if any(part.endswith(b"Train.py") for part in command) and b"torch.distributed.run" not in command:
+            return pid
+    raise AssertionError(f"no Train.py runs on host {index}")
+
+
+def test_a_node_agent_killed_under_torchrun_restarts_the_job_which_resumes_where_it_was(hosts, slow_straight,
+                                                                                     tmp_path):
+    """torchrun --max-restarts 1 on three nodes, node 1's agent SIGKILLed mid-run: torchrun restarts the job
+    on every node, which resumes from the checkpoint and ends with the uninterrupted run's parameters."""
+    local = SLOW_FLAGS.index("--cpu-workers")
+    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
+             "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
+    job = Torchrun(hosts, tmp_path, *flags, nodes=3, max_restarts=1, env={"OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not any(r["event"] == "saved" for r in records(tmp_path)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in job.processes), job.output(0)[-3000:]
+        time.sleep(0.1)
+    os.kill(agent_process(hosts, 1), signal.SIGKILL)
+    assert job.wait(240) == [0, 0, 0], job.output(0)[-3000:]
+
+    done = records(tmp_path)
+    assert [r["restart_count"] for r in done if r["event"] == "cluster"][-1] == 1
+    assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
+    assert children_on(hosts) == []

@@ -12,8 +12,13 @@ When the parent ends the run, the agent exits with the parent's exit status, so 
 every node end alike. An agent that hears nothing from the parent for the heartbeat timeout kills its
 children and waits ``GRACE`` s for a parent at the same address (a re-created pod of the same name);
 a parent that comes back starts a new run (the job restarted), else the agent exits RETRY_EXIT and the
-engine restarts the job, which resumes from its checkpoint. SIGINT or SIGTERM on this node is sent to
-the parent, which stops the whole run at one update and saves; a second one ends the agent at once.
+engine restarts the job, which resumes from its checkpoint.
+
+SIGINT and SIGTERM: the engines signal every node at once (torchrun stopping a job to restart it, Slurm
+cancelling a step), node 0 included, whose parent stops the whole run at one update and saves. So an
+agent that gets one keeps serving until the parent ends the run (a second one ends it at once), and
+exits at once if the parent falls silent meanwhile. It does not pass the signal on: node 0's own would
+then count as a second one, which stops the run without saving.
 """
 from __future__ import annotations
 
@@ -59,8 +64,8 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
     key = trust.preshared_key(env)
     trust.forget_key()
     host, port = rendezvous(start, env)
-    hello = {"node_rank": start.node_rank, "nodes": start.nodes, "engine": start.engine, "slots": slots,
-             "gpus": gpus, "host": sockets.gethostname()}
+    hello = {"node_rank": start.node_rank, "nodes": start.nodes, "engine": start.engine,
+             "restart_count": start.restart_count, "slots": slots, "gpus": gpus, "host": sockets.gethostname()}
     deadline, served = time.monotonic() + find_timeout, 0
     with Signals() as signals:
         while True:
@@ -74,10 +79,12 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
                 return RETRY_EXIT
             print(f"node {start.node_rank}: connected to the parent at {host}:{port}", flush=True)
             signals.serving = True
-            status = Served(socket, key, heartbeat_timeout, signals).run()
+            status = Served(socket, key, heartbeat_timeout).run()
             signals.serving = False
             if status is not None:
                 return status
+            if signals.caught:      # this node was told to stop, and the parent is gone: nothing to wait for
+                return 128 + signals.caught
             served += 1
             deadline = time.monotonic() + GRACE
             print(f"node {start.node_rank}: lost the parent; waiting up to {GRACE:.0f} s for it to come back",
@@ -142,20 +149,22 @@ def _answer(socket: zmq.Socket, key: bytes) -> str | None:
 
 
 class Signals:
-    """SIGINT and SIGTERM: while the agent serves a run, the first is sent to the parent (``pending`` until
-    it is) and a second ends the agent at once; while it looks for the parent, the first ends it."""
+    """SIGINT and SIGTERM: while the agent serves a run the first is noted (``caught``: node 0 got it too,
+    and its parent stops the run) and a second ends the agent at once; while it looks for the parent,
+    the first ends it."""
 
     def __init__(self) -> None:
-        self.pending: int | None = None
         self.serving = False
-        self._caught = False
+        self.caught: int | None = None
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self._caught or not self.serving:
-            os.write(2, f"{signal.Signals(signum).name}: the node agent stops at once\n".encode())
+        name = signal.Signals(signum).name
+        if self.caught or not self.serving:
+            os.write(2, f"{name}: the node agent stops at once\n".encode())
             os._exit(128 + signum)
-        self._caught, self.pending = True, signum
+        self.caught = signum
+        os.write(2, f"{name}: node 0's parent stops the run (again to stop this node at once)\n".encode())
 
     def __enter__(self) -> "Signals":
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -170,9 +179,8 @@ class Signals:
 class Served:
     """One run served: the parent's requests in, the children's news out, until "end" or the parent's silence."""
 
-    def __init__(self, socket: zmq.Socket, key: bytes, heartbeat_timeout: float, signals: Signals):
-        self._socket, self._key = socket, trust.derive(key, "sign")
-        self._timeout, self._signals = heartbeat_timeout, signals
+    def __init__(self, socket: zmq.Socket, key: bytes, heartbeat_timeout: float):
+        self._socket, self._key, self._timeout = socket, trust.derive(key, "sign"), heartbeat_timeout
         self._children: dict[int, zygote.Forked] = {}
         self._news: queue.Queue = queue.Queue()      # from the children's watcher threads
         self._base = dict(os.environ)                 # the pre-shared key is gone from it already
@@ -191,9 +199,6 @@ class Served:
                         self._do(*message)
                 while not self._news.empty():
                     self._send(self._news.get())
-                if self._signals.pending is not None:
-                    self._send(("signal", self._signals.pending))
-                    self._signals.pending = None
                 if time.monotonic() - sent >= HEARTBEAT:
                     sent = time.monotonic()
                     self._send(("heartbeat", None))

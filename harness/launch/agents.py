@@ -12,11 +12,14 @@ heartbeats, NCCL or gloo spans the nodes, a dead child is healed in place.
 
 The link (one ROUTER here, one DEALER on each agent) is encrypted and signed with keys made from the key
 every node shares (harness/launch/trust.py). Messages are (kind, payload):
-agent -> parent: ("hello", {"node_rank", "nodes", "engine", "address", "slots", "gpus", "host"}),
-("heartbeat", None), ("started", (child, pid)), ("stderr", (child, line)), ("exited", (child, status)),
-("signal", signum) (the agent's node got SIGINT or SIGTERM: the parent treats it as its own);
+agent -> parent: ("hello", {"node_rank", "nodes", "engine", "restart_count", "address", "slots", "gpus",
+"host"}), ("heartbeat", None), ("started", (child, pid)), ("stderr", (child, line)), ("exited", (child, status));
 parent -> agent: ("welcome", node_rank) or ("refused", reason) in answer to a hello, ("heartbeat", None),
 ("start", (child, environment)), ("signal", (child, signum)), ("end", exit status).
+
+The job's restart count is the largest any node reports: torchrun counts a restart only on the node whose
+process failed (the others restart theirs because the rendezvous changed), and the parent must resume
+however its own node counts (``cluster``).
 
 A node whose agent falls silent for the heartbeat timeout (or says hello again: it lost us) is lost:
 its children are reported dead, and starting one there raises ``NodeLost``. Train.py then ends with an
@@ -33,7 +36,7 @@ import signal
 import socket as sockets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import zmq
@@ -61,6 +64,7 @@ class Node:
     identity: bytes     # its ZeroMQ identity on the link
     address: str        # its address on the route to the parent: the host name of its children
     slots: int
+    restart_count: int  # the engine's count of restarts on that node
     heard: float
     lost: str | None = None
 
@@ -121,6 +125,7 @@ class Agents(Launcher):
         own = address_toward(nodes[0].address)
         super().__init__([Host(own, slots)] + [Host(n.address, n.slots) for n in nodes])
         self._by_host = {n.address: n for n in nodes}
+        self.cluster = replace(start, restart_count=max(start.restart_count, *(n.restart_count for n in nodes)))
 
     def _bind(self, host: str, port: int) -> None:
         """Listen on the rendezvous address as this node resolves it, or on every interface where it
@@ -199,7 +204,8 @@ class Agents(Launcher):
         try:
             self._socket.send_multipart([identity, *wire.pack(self._key, message)])
         except zmq.ZMQError as error:       # EHOSTUNREACH: the agent is gone; its silence will tell
-            log.warning("could not send %s to a node agent: %s", message[0], error)
+            if message[0] != "heartbeat":
+                log.warning("could not send %s to a node agent: %s", message[0], error)
 
     def _send_queued(self) -> None:
         while True:
@@ -224,9 +230,6 @@ class Agents(Launcher):
         if node is None or node.lost:
             return
         node.heard = time.monotonic()
-        if kind == "signal":
-            os.kill(os.getpid(), payload)       # the node was told to stop: as if this process was
-            return
         child = self._children.get(payload[0]) if kind in ("started", "stderr", "exited") else None
         if child is None:
             return
@@ -253,7 +256,8 @@ class Agents(Launcher):
             self._lose(self._nodes[rank], "its agent lost the link and connected again")
             self._send(identity, ("refused", "the run it served is gone; wait for the engine to restart the job"))
             return
-        self._nodes[rank] = Node(rank, identity, hello["address"], hello["slots"], time.monotonic())
+        self._nodes[rank] = Node(rank, identity, hello["address"], hello["slots"], hello["restart_count"],
+                                 time.monotonic())
         self._send(identity, ("welcome", rank))
         if len(self._nodes) == nodes - 1:
             self._joined.set()

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import zygote
+from .cluster import ClusterStart
 
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
@@ -48,9 +49,11 @@ class Host:
 
 
 class Launcher:
-    """Starts children. ``remote``: they run on other hosts, so the control plane is TCP."""
+    """Starts children. ``remote``: they run on other hosts, so the control plane is TCP. ``cluster``: what
+    the engine that started every node's process said of the whole job (node agents' launcher only)."""
 
     remote = False
+    cluster: ClusterStart | None = None
 
     def __init__(self, hosts: Sequence[Host]):
         if not hosts:

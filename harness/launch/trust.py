@@ -79,11 +79,6 @@ def link_socket(context: zmq.Context, key: bytes, side: str) -> zmq.Socket:
     return socket
 
 
-def without_key(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without the pre-shared key's variables: what a node's children may inherit."""
-    return {k: v for k, v in env.items() if k not in ("HARNESS_KEY", "HARNESS_KEY_FILE")}
-
-
 def forget_key() -> None:
     """Drop the pre-shared key's variables from this process's environment once read."""
     for name in ("HARNESS_KEY", "HARNESS_KEY_FILE"):

@@ -87,7 +87,7 @@ def plan_workers(config: TrainConfig, launcher: Launcher | None = None) -> tuple
     ``launcher``: the nodes an engine started Train.py on (harness/launch/agents.py), if it did."""
     for name in ("cpu_workers", "workers_per_gpu", "heartbeat_timeout", "max_restarts"):
         check_field(config, name)
-    config = check_cluster(config)
+    config = check_cluster(config, launcher.cluster if launcher else None)
     if launcher is not None or config.launcher != "local":
         gpus, config = _remote_plan(config, launcher)
     else:
@@ -122,10 +122,11 @@ def cluster_start(config: TrainConfig) -> ClusterStart | None:
     return start
 
 
-def check_cluster(config: TrainConfig) -> TrainConfig:
-    """Started by an engine: checked (``cluster_start``), and after the engine restarted the job, a
-    resume from the checkpoint the run was writing."""
-    start = cluster_start(config)
+def check_cluster(config: TrainConfig, job: ClusterStart | None = None) -> TrainConfig:
+    """Started by an engine: checked (``cluster_start``), and after the engine restarted the job (``job``:
+    what every node's engine said, where node agents have told it), a resume from the checkpoint the
+    run was writing."""
+    start = job or cluster_start(config)
     if start and start.restart_count and config.save and not config.resume and Path(config.save).exists():
         return config.replace(resume=config.save)
     return config

@@ -174,7 +174,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
-    start = detect(os.environ, config.cluster)
+    start = launcher.cluster if launcher else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (f"; resuming {config.resume}" if start.restart_count and config.resume else ""))
         log.write({"time": time.time(), **start.record()})
