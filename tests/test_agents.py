@@ -19,7 +19,7 @@ from harness.launch import agent, trust
 from harness.launch.agents import Agents
 from harness.launch.cluster import ClusterStart, rendezvous
 from tests.helpers.ci import missing
-from tests.helpers.engines import Torchrun
+from tests.helpers.engines import PyTorchJob, Torchrun
 from tests.helpers.netns_hosts import Hosts, why_not
 from tests.helpers.processes import harness_children
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
@@ -59,16 +59,46 @@ def wait_for_steps(job: Torchrun, directory) -> None:
         time.sleep(0.1)
 
 
-def test_torchrun_on_two_nodes_trains_as_ssh_does_on_the_same_hosts(hosts, tmp_path, monkeypatch):
-    job = Torchrun(hosts, tmp_path, *FLAGS, "--save", str(tmp_path / "agents.pt"), "--log-dir", str(tmp_path / "logs"))
+@pytest.fixture(scope="module")
+def over_ssh(hosts, tmp_path_factory) -> torch.Tensor:
+    """The parameters FLAGS end with on one worker on each of the first two hosts, started over ssh."""
+    os.environ["HARNESS_SSH"] = hosts.ssh
+    try:
+        _, save = run_train(tmp_path_factory.mktemp("ssh"), *FLAGS[:-2], "--launcher", "ssh", "--hosts",
+                            ",".join(f"{a}:1" for a in hosts.addresses[:2]), name="ssh")
+    finally:
+        del os.environ["HARNESS_SSH"]
+    return flat_params(save)
+
+
+def test_torchrun_on_two_nodes_trains_as_ssh_does_on_the_same_hosts(hosts, over_ssh, tmp_path):
+    """Encrypted (--encrypt) as well: the children's control plane as an ssh run's, the agents' link always."""
+    job = Torchrun(hosts, tmp_path, *FLAGS, "--encrypt", "--save", str(tmp_path / "agents.pt"), "--log-dir",
+                   str(tmp_path / "logs"))
     assert job.wait() == [0, 0], job.output(0) + job.output(1)
     assert "started by torchrun: node 0 of 2, restart 0" in job.output(0)
     assert "started by torchrun: node 1 of 2" in job.output(1)
-    monkeypatch.setenv("HARNESS_SSH", hosts.ssh)
-    _, ssh = run_train(tmp_path, *FLAGS[:-2], "--launcher", "ssh", "--hosts", ",".join(f"{a}:1" for a in hosts.addresses[:2]),
-                       name="ssh")
-    assert torch.equal(flat_params(tmp_path / "agents.pt"), flat_params(ssh))
+    assert torch.equal(flat_params(tmp_path / "agents.pt"), over_ssh)
     assert [r["hosts"] for r in records(tmp_path) if r["event"] == "workers"] == [hosts.addresses[:2]]
+    assert children_on(hosts) == []
+
+
+def test_a_pytorchjob_s_worker_waits_for_the_master_s_name_then_its_port_and_trains_as_ssh_does(hosts, over_ssh,
+                                                                                             tmp_path):
+    """Kubernetes as the pods see it: the worker starts first, while the master's service name does not
+    resolve yet, then resolves but nobody listens, until the master's pod starts."""
+    job = PyTorchJob(hosts, tmp_path, *FLAGS, "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    try:
+        job.start(1)
+        job.await_output(1, "the name mnist-master-0 does not resolve yet")
+        job.resolve(1)
+        job.await_output(1, "mnist-master-0:23456 (%s) does not accept connections yet" % hosts.addresses[0])
+        job.start(0)
+        assert job.wait() == [0, 0], job.output(0) + job.output(1)
+    finally:
+        job.close()
+    assert "started by kubeflow: node 0 of 2, restart 0" in job.output(0)
+    assert torch.equal(flat_params(tmp_path / "job.pt"), over_ssh)
     assert children_on(hosts) == []
 
 
