@@ -18,25 +18,13 @@ import torch
 from harness.launch import agent, trust
 from harness.launch.agents import Agents
 from harness.launch.cluster import ClusterStart, rendezvous
-from tests.helpers.ci import missing
-from tests.helpers.engines import PyTorchJob, Torchrun
-from tests.helpers.netns_hosts import Hosts, why_not
+from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file
+from tests.helpers.netns_hosts import Hosts
 from tests.helpers.processes import harness_children
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import flat_params, run_train, train_error
-from tests.test_cluster import RECORDED
 
 FLAGS = ["--max-steps", "30", "--batch-size", "16", "--seed", "4", "--cpu-workers", "1"]
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    reason = why_not()
-    if reason:
-        missing(f"cannot make hosts as network namespaces here: {reason}")
-    made = Hosts(tmp_path_factory.mktemp("hosts"), count=3)
-    yield made
-    made.close()
 
 
 def children_on(hosts: Hosts, index: int | None = None) -> list[int]:
@@ -193,6 +181,19 @@ def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it
     assert rendezvous(ClusterStart("skypilot", 0, 3), RECORDED["skypilot"][0]) == ("10.0.0.1", 29500)
     with pytest.raises(ValueError, match="set MASTER_ADDR to its address on every node .e.g. mpirun -x MASTER_ADDR"):
         rendezvous(ClusterStart("mpi", 1, 2), RECORDED["openmpi"][0])
+
+
+def test_an_sbatch_script_s_srun_step_one_task_a_node_trains_as_ssh_does(hosts, slurm, over_ssh, tmp_path):
+    """``srun --ntasks-per-node=1 python Train.py`` in a batch script on two nodes of the namespaced Slurm
+    cluster: node 0's task finds itself as the step's first node (its NodeAddr: the names node0, node1 do
+    not resolve here), node 1's task is its agent."""
+    job = Job(slurm, tmp_path, *FLAGS, "--save", str(tmp_path / "step.pt"), "--log-dir", str(tmp_path / "logs"),
+              per_node=1, nodes=2, step=True, env={"HARNESS_KEY_FILE": str(key_file(tmp_path))})
+    status, output = job.wait(180), job.output.read_text()
+    assert status == 0, output
+    assert "started by slurm: node 0 of 2, restart 0" in output and "started by slurm: node 1 of 2" in output
+    assert torch.equal(flat_params(tmp_path / "step.pt"), over_ssh)
+    assert children_on(hosts) == []
 
 
 def agent_process(hosts: Hosts, index: int) -> int:

@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .launchers import expand_nodelist, slurm_node_address
+
 # Slurm's step ids of a job's batch script, its interactive step and its external step (slurm.h's
 # SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP, SLURM_EXTERN_CONT): the job's own shell, not a task srun started.
 SLURM_SPECIAL_STEPS = ("4294967294", "4294967291", "4294967295")
@@ -157,7 +159,7 @@ def check_start(start: ClusterStart | None) -> None:
 
 def rendezvous(start: ClusterStart, env: Mapping[str, str]) -> tuple[str, int]:
     """(host, port) where node 0's parent listens for the other nodes' agents: the engine's master address
-    (MASTER_ADDR; Kubeflow's PET_MASTER_ADDR; Slurm's first node of the step; SageMaker's first host;
+    (MASTER_ADDR; Kubeflow's PET_MASTER_ADDR; the NodeAddr of the Slurm step's first node; SageMaker's first host;
     SkyPilot's first IP) and HARNESS_PORT, else MASTER_PORT, else DEFAULT_PORT. Under torchrun MASTER_PORT
     is torchrun's own store (torch >= 2.4 shares its rendezvous TCPStore with the workers), so the parent
     takes MASTER_PORT + 1. MPI names no first node: the user passes MASTER_ADDR (``mpirun -x MASTER_ADDR=...``)."""
@@ -174,9 +176,8 @@ def rendezvous(start: ClusterStart, env: Mapping[str, str]) -> tuple[str, int]:
 
 def _first_node(start: ClusterStart, env: Mapping[str, str]) -> str | None:
     if start.engine == "slurm":
-        from .launchers import expand_nodelist
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-        return expand_nodelist(nodes)[0] if nodes else None
+        return slurm_node_address(expand_nodelist(nodes)[0]) if nodes else None
     if start.engine == "sagemaker":
         return json.loads(env["SM_HOSTS"])[0]
     if start.engine == "skypilot":

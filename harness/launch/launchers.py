@@ -31,10 +31,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from . import zygote
-from .cluster import ClusterStart
+
+if TYPE_CHECKING:
+    from .cluster import ClusterStart
 
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
@@ -142,15 +144,19 @@ class Slurm(Launcher):
                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     def address_of(self, host: str) -> str:
-        """The node's NodeAddr, as Slurm itself reaches it (a node's name need not resolve in DNS);
-        the name where scontrol cannot say."""
-        try:
-            shown = subprocess.run(["scontrol", "show", "node", "--oneliner", host], capture_output=True,
-                                   text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return host
-        match = re.search(r"\bNodeAddr=(\S+)", shown)
-        return match[1] if match else host
+        return slurm_node_address(host)
+
+
+def slurm_node_address(node: str) -> str:
+    """A Slurm node's NodeAddr, as Slurm itself reaches it (a node's name need not resolve in DNS); the
+    name where scontrol cannot say."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "node", "--oneliner", node], capture_output=True,
+                               text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return node
+    match = re.search(r"\bNodeAddr=(\S+)", shown)
+    return match[1] if match else node
 
 
 def remote_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,11 +1,14 @@
-"""Cluster engines over the namespaced hosts of tests/helpers/netns_hosts.py, and a key file every node
-shares: torchrun from the installed torch started in each namespace (``ip netns exec``), as a job script
-starts it on each node, with the c10d rendezvous on node 0 (told so: the namespaces share the machine's
-host name, by which torchrun would look for itself); and pods as Kubeflow's PyTorchJob makes them, each
-with the variables the operator sets and a hosts file of its own, in which the test makes the master's
-name resolvable when it likes (``ip netns exec`` mounts /etc/netns/NAME/hosts over /etc/hosts)."""
+"""Cluster engines: the variables each sets for the process it starts (``RECORDED``), and engines over
+the namespaced hosts of tests/helpers/netns_hosts.py, with a key file every node shares: torchrun from the
+installed torch started in each namespace (``ip netns exec``), as a job script starts it on each node,
+with the c10d rendezvous on node 0 (told so: the namespaces share the machine's host name, by which
+torchrun would look for itself); pods as Kubeflow's PyTorchJob makes them, each with the variables the
+operator sets and a hosts file of its own, in which the test makes the master's name resolvable when it
+likes (``ip netns exec`` mounts /etc/netns/NAME/hosts over /etc/hosts); and an sbatch job (``Job``) on
+the Slurm cluster over the same namespaces."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -15,8 +18,35 @@ import sys
 import time
 from pathlib import Path
 
+from harness.launch.cluster import ClusterStart
 from tests.helpers import ROOT
 from tests.helpers.netns_hosts import Hosts
+
+# What each engine sets for the process it starts, as its source sets it (trimmed to what matters):
+# torch/distributed/elastic/agent/server/local_elastic_agent.py, kubeflow/trainer (v1 PyTorchJob's
+# SetPodEnv, v2's torch plugin: PET_*), Slurm's srun, Open MPI's and MPICH's launchers, SageMaker, SkyPilot.
+RECORDED = {
+    "torchrun": ({"TORCHELASTIC_RUN_ID": "none", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                  "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                  "TORCHELASTIC_RESTART_COUNT": "2"}, ClusterStart("torchrun", 0, 1, 1, 2)),
+    "pytorchjob": ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+                    "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2",
+                    "PYTHONUNBUFFERED": "1"}, ClusterStart("kubeflow", 2, 3)),
+    "trainjob": ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+                  "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"},
+                 ClusterStart("kubeflow", 1, 2)),
+    "slurm": ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
+               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NODELIST": "node[0-1]"},
+              ClusterStart("slurm", 1, 2)),
+    "openmpi": ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_NODE_RANK": "1"}, ClusterStart("mpi", 1, 2, 2)),
+    "mpich": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"},
+              ClusterStart("mpi", 1, 2)),
+    "sagemaker": ({"SM_HOSTS": json.dumps(["algo-1", "algo-2"]), "SM_CURRENT_HOST": "algo-2"},
+                  ClusterStart("sagemaker", 1, 2)),
+    "skypilot": ({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2\n10.0.0.3", "SKYPILOT_NUM_NODES": "3"},
+                 ClusterStart("skypilot", 0, 3)),
+}
 
 
 def key_file(directory: Path) -> Path:
@@ -129,3 +159,33 @@ class PyTorchJob:
             Path("/etc/netns").rmdir()      # only if no other namespace has files there
         except OSError:
             pass
+
+
+class Job:
+    """Train.py with ``flags`` submitted with sbatch on ``nodes`` nodes, ``per_node`` tasks each: the
+    batch script, and so the parent, runs on node0 with ``--launcher slurm``; or with ``step``, the
+    script's srun starts Train.py itself, ``per_node`` tasks on each node. Its output goes to
+    ``directory``/slurm.out. ``env``: added to the job's environment.
+    (Polled with scontrol: ``sbatch --wait`` sleeps up to half a minute between its own polls.)"""
+
+    def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2, nodes: int = 3,
+                 step: bool = False, env: dict[str, str] | None = None):
+        self.env, self.output = {**os.environ, **slurm, **(env or {})}, directory / "slurm.out"
+        train = [sys.executable, str(ROOT / "Train.py"), *([] if step else ["--launcher", "slurm"]), *flags]
+        command = " ".join(([f"srun --ntasks-per-node={per_node}"] if step else []) + train)
+        self.id = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
+                                  f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
+                                 env=self.env, capture_output=True, text=True, check=True).stdout.strip()
+
+    def state(self) -> tuple[str, int]:
+        """The job's state and its script's exit status."""
+        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", self.id], env=self.env,
+                               capture_output=True, text=True, check=True).stdout
+        return shown.split("JobState=")[1].split()[0], int(shown.split("ExitCode=")[1].split(":")[0])
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while (state := self.state())[0] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            assert time.monotonic() < deadline, f"job {self.id} still {state[0]} after {timeout} s"
+            time.sleep(0.2)
+        return state[1]
