@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -18,7 +19,8 @@ import torch
 from harness.launch import agent, trust
 from harness.launch.agents import Agents
 from harness.launch.cluster import ClusterStart, rendezvous
-from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file
+from tests.helpers.ci import missing
+from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file, mpirun
 from tests.helpers.netns_hosts import Hosts
 from tests.helpers.processes import harness_children
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
@@ -193,6 +195,16 @@ def test_an_sbatch_script_s_srun_step_one_task_a_node_trains_as_ssh_does(hosts, 
     assert status == 0, output
     assert "started by slurm: node 0 of 2, restart 0" in output and "started by slurm: node 1 of 2" in output
     assert torch.equal(flat_params(tmp_path / "step.pt"), over_ssh)
+    assert children_on(hosts) == []
+
+
+def test_mpirun_over_ssh_one_process_a_node_trains_as_ssh_does(hosts, over_ssh, tmp_path):
+    if shutil.which("mpirun") is None:
+        missing("mpirun is not installed (apt-get install openmpi-bin)")
+    done = mpirun(hosts, tmp_path, *FLAGS, "--save", str(tmp_path / "mpi.pt"), "--log-dir", str(tmp_path / "logs"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "started by mpi: node 0 of 2, restart 0" in done.stdout and "started by mpi: node 1 of 2" in done.stdout
+    assert torch.equal(flat_params(tmp_path / "mpi.pt"), over_ssh)
     assert children_on(hosts) == []
 
 

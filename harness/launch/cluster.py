@@ -92,9 +92,9 @@ def _slurm(env: Mapping[str, str]) -> ClusterStart | None:
 
 
 def _mpi(env: Mapping[str, str]) -> ClusterStart | None:
-    if "OMPI_COMM_WORLD_SIZE" in env:
+    if "OMPI_COMM_WORLD_SIZE" in env:     # OMPI_COMM_WORLD_NODE_RANK is a rank on the node, not the node's
         per_node = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
-        return ClusterStart("mpi", _int(env, "OMPI_COMM_WORLD_NODE_RANK", _int(env, "OMPI_COMM_WORLD_RANK") // per_node),
+        return ClusterStart("mpi", _int(env, "OMPI_COMM_WORLD_RANK") // per_node,
                             _int(env, "OMPI_COMM_WORLD_SIZE") // per_node, per_node)
     if "PMI_SIZE" in env:
         per_node = _int(env, "MPI_LOCALNRANKS", 1)

@@ -4,8 +4,9 @@ installed torch started in each namespace (``ip netns exec``), as a job script s
 with the c10d rendezvous on node 0 (told so: the namespaces share the machine's host name, by which
 torchrun would look for itself); pods as Kubeflow's PyTorchJob makes them, each with the variables the
 operator sets and a hosts file of its own, in which the test makes the master's name resolvable when it
-likes (``ip netns exec`` mounts /etc/netns/NAME/hosts over /etc/hosts); and an sbatch job (``Job``) on
-the Slurm cluster over the same namespaces."""
+likes (``ip netns exec`` mounts /etc/netns/NAME/hosts over /etc/hosts); Debian's Open MPI ``mpirun``
+over the namespaces' sshd (``mpirun``); and an sbatch job (``Job``) on the Slurm cluster over the same
+namespaces."""
 from __future__ import annotations
 
 import json
@@ -38,8 +39,14 @@ RECORDED = {
     "slurm": ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
                "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NODELIST": "node[0-1]"},
               ClusterStart("slurm", 1, 2)),
-    "openmpi": ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_NODE_RANK": "1"}, ClusterStart("mpi", 1, 2, 2)),
+    # Open MPI 4.1.4's mpirun, --map-by node on two hosts (node 1's process): OMPI_COMM_WORLD_NODE_RANK
+    # is its rank among the job's processes on its node, 0 on every node here, not the node's index.
+    "openmpi": ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+                 "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_NODE_RANK": "0", "PMIX_RANK": "1"},
+                ClusterStart("mpi", 1, 2)),
+    "openmpi-2-a-node": ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_NODE_RANK": "1"},
+                         ClusterStart("mpi", 1, 2, 2)),
     "mpich": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"},
               ClusterStart("mpi", 1, 2)),
     "sagemaker": ({"SM_HOSTS": json.dumps(["algo-1", "algo-2"]), "SM_CURRENT_HOST": "algo-2"},
@@ -94,6 +101,18 @@ class Torchrun:
             if process.poll() is None:
                 os.killpg(process.pid, 9)
                 process.wait()
+
+
+def mpirun(hosts: Hosts, directory: Path, *flags: str, nodes: int = 2) -> subprocess.CompletedProcess:
+    """``mpirun --map-by node`` of ``python Train.py FLAGS`` on the first ``nodes`` hosts, started over their
+    sshd (as root, which Open MPI must be told is meant), with MASTER_ADDR and the key file passed on as
+    the docs say (``-x``)."""
+    key = key_file(directory)
+    command = ["mpirun", "--allow-run-as-root", "-np", str(nodes), "--map-by", "node", "--host",
+               ",".join(hosts.addresses[:nodes]), "--mca", "plm_rsh_agent", hosts.ssh, "--mca", "oob_tcp_if_include",
+               f"{hosts.subnet}.0/24", "-x", f"MASTER_ADDR={hosts.addresses[0]}", "-x", f"HARNESS_KEY_FILE={key}",
+               "-x", "PYTHONUNBUFFERED=1", sys.executable, str(ROOT / "Train.py"), *flags]
+    return subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=180)
 
 
 class PyTorchJob:
