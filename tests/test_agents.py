@@ -18,7 +18,7 @@ import torch
 
 from harness.launch import agent, trust
 from harness.launch.agents import Agents
-from harness.launch.cluster import ClusterStart, rendezvous
+from harness.launch.cluster import RETRY_EXIT, ClusterStart, rendezvous
 from tests.helpers.ci import missing
 from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file, mpirun
 from tests.helpers.netns_hosts import Hosts
@@ -40,11 +40,11 @@ def records(directory) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def wait_for_steps(job: Torchrun, directory) -> None:
+def wait_for_steps(job: Torchrun | PyTorchJob, directory) -> None:
     """Until node 0's run has logged an update (fails if a node ends first or after 120 s)."""
     deadline = time.monotonic() + 120
     while not any(r["event"] == "step" for r in records(directory)):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in job.processes), \
+        assert time.monotonic() < deadline and job.running(), \
             job.output(0)[-3000:] + job.output(1)[-3000:]
         time.sleep(0.1)
 
@@ -185,6 +185,26 @@ def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it
         rendezvous(ClusterStart("mpi", 1, 2), RECORDED["openmpi"][0])
 
 
+def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retries(hosts, tmp_path):
+    """A PyTorchJob's worker pod killed mid-run (its Train.py, the agent, SIGKILLed): after the heartbeat
+    timeout node 0 reports the node lost and exits RETRY_EXIT, which an ExitCode policy restarts; nothing
+    of the run is left on either pod's host."""
+    job = PyTorchJob(hosts, tmp_path, *SLOW_FLAGS[:SLOW_FLAGS.index("--cpu-workers")], "--cpu-workers", "1",
+                     "--max-steps", "1000", "--heartbeat-timeout", "3", "--max-restarts", "2",
+                     "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    try:
+        job.resolve(1)
+        job.start(0)
+        job.start(1)
+        wait_for_steps(job, tmp_path)
+        job.processes[1].kill()
+        assert job.wait() == [RETRY_EXIT, -signal.SIGKILL], job.output(0)[-3000:]
+    finally:
+        job.close()
+    assert f"node 1 ({hosts.addresses[1]}) is lost: no heartbeat from its agent" in job.output(0)
+    assert children_on(hosts) == []
+
+
 def test_an_sbatch_script_s_srun_step_one_task_a_node_trains_as_ssh_does(hosts, slurm, over_ssh, tmp_path):
     """``srun --ntasks-per-node=1 python Train.py`` in a batch script on two nodes of the namespaced Slurm
     cluster: node 0's task finds itself as the step's first node (its NodeAddr: the names node0, node1 do
@@ -230,7 +250,7 @@ def test_a_node_agent_killed_under_torchrun_restarts_the_job_which_resumes_where
     job = Torchrun(hosts, tmp_path, *flags, nodes=3, max_restarts=1, env={"OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while not any(r["event"] == "saved" for r in records(tmp_path)):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in job.processes), job.output(0)[-3000:]
+        assert time.monotonic() < deadline and job.running(), job.output(0)[-3000:]
         time.sleep(0.1)
     os.kill(agent_process(hosts, 1), signal.SIGKILL)
     assert job.wait(240) == [0, 0, 0], job.output(0)[-3000:]

@@ -107,7 +107,7 @@ class Agents(Launcher):
 
     def __init__(self, start: ClusterStart, where: tuple[str, int], key: bytes, slots: int,
                  heartbeat_timeout: float, wait: float = WAIT_FOR_AGENTS):
-        self.start_info, self.heartbeat_timeout = start, heartbeat_timeout
+        self.cluster, self.heartbeat_timeout = start, heartbeat_timeout
         self._key = trust.derive(key, "sign")
         self._socket = trust.link_socket(zmq.Context.instance(), key, "parent")
         self._bind(*where)
@@ -122,8 +122,12 @@ class Agents(Launcher):
         self._thread.start()
         self._await(wait)
         nodes = [self._nodes[rank] for rank in sorted(self._nodes)]
-        own = address_toward(nodes[0].address)
-        super().__init__([Host(own, slots)] + [Host(n.address, n.slots) for n in nodes])
+        hosts = [Host(address_toward(nodes[0].address), slots)] + [Host(n.address, n.slots) for n in nodes]
+        if len({h.name for h in hosts}) < len(hosts):
+            self.close(1)
+            raise ValueError("two nodes have the same address (" + ", ".join(h.name for h in hosts) + "): run one "
+                             "Train.py per node, each on a machine of its own")
+        super().__init__(hosts)
         self._by_host = {n.address: n for n in nodes}
         self.cluster = replace(start, restart_count=max(start.restart_count, *(n.restart_count for n in nodes)))
 
@@ -143,7 +147,7 @@ class Agents(Launcher):
         deadline = time.monotonic() + wait
         while True:
             joined = self._joined.wait(min(SAY_EVERY, max(0.0, deadline - time.monotonic())))
-            missing = ", ".join(str(r) for r in range(1, self.start_info.nodes) if r not in self._nodes)
+            missing = ", ".join(str(r) for r in range(1, self.cluster.nodes) if r not in self._nodes)
             if self._error or (not joined and time.monotonic() >= deadline):
                 self.close(1)
                 raise ValueError(self._error or f"nodes {missing} did not connect within {wait:.0f} s: check that "
@@ -152,7 +156,7 @@ class Agents(Launcher):
             if joined:
                 break
             print(f"node 0: waiting for node(s) {missing} to connect", flush=True)
-        print(f"node 0: every node connected: " + ", ".join(f"node {n.rank} at {n.address} ({n.slots} slots)"
+        print("node 0: every node connected: " + ", ".join(f"node {n.rank} at {n.address} ({n.slots} slots)"
                                                           for n in sorted(self._nodes.values(), key=lambda n: n.rank)),
               flush=True)
 
@@ -243,7 +247,7 @@ class Agents(Launcher):
     def _hello(self, identity: bytes, hello: dict[str, Any]) -> None:
         """A node's agent: welcomed while nodes are awaited; a node that says hello again later has lost us
         (its children are gone with the link)."""
-        nodes, rank = self.start_info.nodes, hello["node_rank"]
+        nodes, rank = self.cluster.nodes, hello["node_rank"]
         if hello["nodes"] != nodes or not 0 < rank < nodes:
             refused = (f"node {rank} at {hello['address']} was started for a job of {hello['nodes']} nodes, but node 0 "
                        f"for one of {nodes}: every node must be started by the same job (check --nnodes, the "

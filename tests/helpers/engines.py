@@ -85,6 +85,9 @@ class Torchrun:
     def output(self, node: int) -> str:
         return (self.dir / f"node{node}.out").read_text() + (self.dir / f"node{node}.err").read_text()
 
+    def running(self) -> bool:
+        return all(p.poll() is None for p in self.processes)
+
     def wait(self, timeout: float = 180.0) -> list[int]:
         """Every node's exit status (torchrun's); the processes are killed if they outlast ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -151,6 +154,9 @@ class PyTorchJob:
 
     def output(self, pod: int) -> str:
         return (self.dir / f"pod{pod}.out").read_text() + (self.dir / f"pod{pod}.err").read_text()
+
+    def running(self) -> bool:
+        return all(p.poll() is None for p in self.processes.values())
 
     def await_output(self, pod: int, text: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
