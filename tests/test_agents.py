@@ -131,7 +131,7 @@ def parent_and_agent(parent_key: str, agent_key: str, agent_nodes: int = 2) -> t
             outcome["parent"] = error
     thread = threading.Thread(target=parent)
     thread.start()
-    hello = {"node_rank": 1, "nodes": agent_nodes, "engine": "torchrun", "slots": 1, "gpus": 0, "host": "n1"}
+    hello = agent.hello_of(ClusterStart("torchrun", 1, agent_nodes), 1, 0)
     try:
         found = agent.find_parent("127.0.0.1", port, trust.preshared_key({"HARNESS_KEY": agent_key}), hello,
                                   time.monotonic() + 2.0)
@@ -144,7 +144,9 @@ def parent_and_agent(parent_key: str, agent_key: str, agent_nodes: int = 2) -> t
 
 
 def test_nodes_with_the_same_key_connect_and_a_node_with_another_key_is_told_so():
-    assert parent_and_agent(KEY, KEY) == (None, "connected")
+    """Both "nodes" here are this machine: they connect, and the parent then refuses two nodes of one address."""
+    parent, found = parent_and_agent(KEY, KEY)
+    assert found == "connected" and "two nodes have the same address (127.0.0.1, 127.0.0.1)" in str(parent)
     parent, found = parent_and_agent(KEY, KEY[::-1])
     assert isinstance(found, TimeoutError) and "it has another key" in str(found) and "HARNESS_KEY_FILE" in str(found)
     assert "nodes 1 did not connect within 3 s" in str(parent) and "the same key" in str(parent)

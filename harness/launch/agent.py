@@ -64,8 +64,7 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
     key = trust.preshared_key(env)
     trust.forget_key()
     host, port = rendezvous(start, env)
-    hello = {"node_rank": start.node_rank, "nodes": start.nodes, "engine": start.engine,
-             "restart_count": start.restart_count, "slots": slots, "gpus": gpus, "host": sockets.gethostname()}
+    hello = hello_of(start, slots, gpus)
     deadline, served = time.monotonic() + find_timeout, 0
     with Signals() as signals:
         while True:
@@ -89,6 +88,12 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
             deadline = time.monotonic() + GRACE
             print(f"node {start.node_rank}: lost the parent; waiting up to {GRACE:.0f} s for it to come back",
                   file=sys.stderr, flush=True)
+
+
+def hello_of(start: ClusterStart, slots: int, gpus: int) -> dict[str, Any]:
+    """What an agent tells the parent of its node (``find_parent`` adds its address)."""
+    return {"node_rank": start.node_rank, "nodes": start.nodes, "engine": start.engine,
+            "restart_count": start.restart_count, "slots": slots, "gpus": gpus, "host": sockets.gethostname()}
 
 
 def find_parent(host: str, port: int, key: bytes, hello: dict[str, Any], deadline: float) -> zmq.Socket:
