@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
@@ -28,7 +26,7 @@ from tests.helpers.netns_hosts import Hosts
 from tests.helpers.processes import harness_children, wait_gone
 from tests.helpers.runs import finish, interrupt, start_train
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
-from tests.helpers.training import ROOT, flat_params, run_train, train_error
+from tests.helpers.training import flat_params, run_train, train_error
 
 COMMON = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]     # the runs compared with six local workers
 
