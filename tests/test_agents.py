@@ -207,6 +207,36 @@ def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retrie
     assert children_on(hosts) == []
 
 
+def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_resumes_the_run(hosts, tmp_path):
+    """The master pod's Train.py SIGKILLed after a checkpoint, and the pod started again (an ExitCode policy
+    re-creates it): the worker's agent, which lost the parent, waits for it, says the job restarted, and
+    the run resumes from the checkpoint and ends with the parameters of its uninterrupted run."""
+    local = SLOW_FLAGS.index("--cpu-workers")
+    _, straight = run_train(tmp_path, *SLOW_FLAGS[:local], "--cpu-workers", "2", *SLOW_FLAGS[local + 2:],
+                            "--save-every-steps", "20", name="straight")
+    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
+             "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs")]
+    job = PyTorchJob(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
+    try:
+        job.resolve(1)
+        job.start(0)
+        job.start(1)
+        deadline = time.monotonic() + 120
+        while not any(r["event"] == "saved" for r in records(tmp_path)):
+            assert time.monotonic() < deadline and job.running(), job.output(0)[-3000:]
+            time.sleep(0.1)
+        job.processes[0].kill()
+        assert job.processes[0].wait() == -signal.SIGKILL
+        job.await_output(1, "lost the parent; waiting up to 60 s for it to come back")
+        job.start(0)
+        assert job.wait() == [0, 0], job.output(0)[-3000:] + job.output(1)[-3000:]
+    finally:
+        job.close()
+    assert "started by kubeflow: node 0 of 2, restart 1; resuming" in job.output(0)
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "job.pt"))
+    assert children_on(hosts) == []
+
+
 def test_an_sbatch_script_s_srun_step_one_task_a_node_trains_as_ssh_does(hosts, slurm, over_ssh, tmp_path):
     """``srun --ntasks-per-node=1 python Train.py`` in a batch script on two nodes of the namespaced Slurm
     cluster: node 0's task finds itself as the step's first node (its NodeAddr: the names node0, node1 do

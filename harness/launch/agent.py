@@ -11,8 +11,9 @@ messages. The protocol is harness/launch/agents.py's.
 When the parent ends the run, the agent exits with the parent's exit status, so that the engine sees
 every node end alike. An agent that hears nothing from the parent for the heartbeat timeout kills its
 children and waits ``GRACE`` s for a parent at the same address (a re-created pod of the same name);
-a parent that comes back starts a new run (the job restarted), else the agent exits RETRY_EXIT and the
-engine restarts the job, which resumes from its checkpoint.
+a parent that comes back starts a new run, told that the job restarted (the hello's restart count
+counts the parents this agent lost), so that it resumes from its checkpoint as after an engine's
+restart; else the agent exits RETRY_EXIT and the engine restarts the job, which resumes likewise.
 
 SIGINT and SIGTERM: the engines signal every node at once (torchrun stopping a job to restart it, Slurm
 cancelling a step), node 0 included, whose parent stops the whole run at one update and saves. So an
@@ -29,6 +30,7 @@ import socket as sockets
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Mapping
 
 import zmq
@@ -64,10 +66,11 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
     key = trust.preshared_key(env)
     trust.forget_key()
     host, port = rendezvous(start, env)
-    hello = hello_of(start, slots, gpus)
     deadline, served = time.monotonic() + find_timeout, 0
     with Signals() as signals:
         while True:
+            # a parent found after one was lost runs the job again: a restart, whatever the engine counts
+            hello = hello_of(replace(start, restart_count=start.restart_count + served), slots, gpus)
             try:
                 socket = find_parent(host, port, key, hello, deadline)
             except (TimeoutError, Refused) as error:

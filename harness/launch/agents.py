@@ -18,7 +18,8 @@ parent -> agent: ("welcome", node_rank) or ("refused", reason) in answer to a he
 ("start", (child, environment)), ("signal", (child, signum)), ("end", exit status).
 
 The job's restart count is the largest any node reports: torchrun counts a restart only on the node whose
-process failed (the others restart theirs because the rendezvous changed), and the parent must resume
+process failed (the others restart theirs because the rendezvous changed), an agent that lost a parent
+and found a new one counts that (a re-created pod has no count of its own), and the parent must resume
 however its own node counts (``cluster``).
 
 A node whose agent falls silent for the heartbeat timeout (or says hello again: it lost us) is lost:

@@ -123,16 +123,19 @@ class PyTorchJob:
     namespace i, as the training operator (kubeflow/trainer, pytorch SetPodEnv) and the kubelet set them up:
     MASTER_ADDR is the master's service name, RANK the pod's index, WORLD_SIZE the number of pods. Only the
     master's pod resolves the name at first (``resolve`` makes a worker's pod resolve it too); ``start(i)``
-    starts pod i's ``python Train.py FLAGS``, its output in directory/pod{i}.out and .err."""
+    starts (or, once it ended, re-creates) pod i's ``python Train.py FLAGS``, its output in
+    directory/pod{i}.out and .err (appended to). ``env``: added to every pod's."""
 
     PORT = 23456        # the operator's default pytorchjob-port
 
-    def __init__(self, hosts: Hosts, directory: Path, *flags: str, name: str = "mnist", workers: int = 1):
+    def __init__(self, hosts: Hosts, directory: Path, *flags: str, name: str = "mnist", workers: int = 1,
+                 env: dict[str, str] | None = None):
         self.hosts, self.dir, self.flags, self.pods = hosts, directory, flags, workers + 1
         self.master = f"{name}-master-0"
         self.env = {**os.environ, "HARNESS_KEY_FILE": str(key_file(directory)), "PYTHONUNBUFFERED": "1",
                     "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
-                    "MASTER_ADDR": self.master, "MASTER_PORT": str(self.PORT), "WORLD_SIZE": str(self.pods)}
+                    "MASTER_ADDR": self.master, "MASTER_PORT": str(self.PORT), "WORLD_SIZE": str(self.pods),
+                    **(env or {})}
         self.processes: dict[int, subprocess.Popen] = {}
         for i in range(self.pods):
             folder = Path("/etc/netns") / hosts.namespaces[i]
@@ -148,7 +151,7 @@ class PyTorchJob:
     def start(self, pod: int) -> None:
         command = ["ip", "netns", "exec", self.hosts.namespaces[pod], sys.executable, str(ROOT / "Train.py"),
                    *self.flags]
-        with open(self.dir / f"pod{pod}.out", "w") as out, open(self.dir / f"pod{pod}.err", "w") as err:
+        with open(self.dir / f"pod{pod}.out", "a") as out, open(self.dir / f"pod{pod}.err", "a") as err:
             self.processes[pod] = subprocess.Popen(command, env={**self.env, "RANK": str(pod)}, cwd=self.dir,
                                                    stdout=out, stderr=err, start_new_session=True)
 
