@@ -20,7 +20,8 @@ from harness.launch.agents import NodeLost
 from harness.resilience.interrupt import Interrupted, Interrupts
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
-from harness.training.driver import Diverged, exit_status, run, serve_node
+from harness.training.driver import Diverged, run
+from harness.training.nodes import exit_status, serve_node
 from harness.training.flags import parse
 
 

@@ -5,6 +5,8 @@ it is known where they run; the parent imports torch and checks the other fields
 meanwhile (harness/training/checks.py), so a bad input still fails before any worker trains, and a
 good one does not wait for the checks. A worker that dies or hangs is healed in place or restarts
 the group from the last checkpoint, ``max_restarts`` times in all (harness/resilience/recovery.py).
+Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher
+(harness/training/nodes.py).
 """
 from __future__ import annotations
 
@@ -15,17 +17,16 @@ from pathlib import Path
 from typing import Iterator
 
 from harness.control import timeline
-from harness.launch import agent, trust
-from harness.launch.agents import Agents, NodeLost
-from harness.launch.cluster import detect, lost_workers_exit, rendezvous
+from harness.launch.cluster import detect
 from harness.launch.launchers import Launcher
 from harness.parent import ChildFailed, Children, Parent
-from harness.resilience.interrupt import Interrupted, Interrupts
+from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
-from harness.resilience.recovery import GaveUp, Recovery
-from harness.training.checks import check_flags, check_inputs, check_outputs, cluster_start, plan_workers
+from harness.resilience.recovery import Recovery
+from harness.training.checks import check_flags, check_inputs, check_outputs, plan_workers
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
+from harness.training.nodes import nodes
 from harness.training.progress import Progress
 
 # torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
@@ -60,55 +61,6 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         if launcher is not None:        # the other nodes end as this one does
             launcher.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
         return results
-
-
-def exit_status(error: BaseException, cluster: str = "none") -> int:
-    """Train.py's exit status for a run that ended with ``error`` (see Train.main)."""
-    if isinstance(error, ConfigError):
-        return 2
-    if isinstance(error, Interrupted):
-        return 128 + error.signum
-    if isinstance(error, (ChildFailed, GaveUp, NodeLost)):      # an engine that started us may start us again
-        return lost_workers_exit(cluster, os.environ)
-    return 1
-
-
-def serve_node(config: TrainConfig) -> int | None:
-    """On a node other than node 0 of a run an engine started on several: serve node 0's parent as this
-    node's agent (harness/launch/agent.py) and return this process's exit status; None elsewhere."""
-    start = cluster_start(config)
-    if start is None or start.node_rank == 0:
-        return None
-    print(start.describe() + ": this node's agent serves node 0's parent", flush=True)
-    try:
-        slots, gpus = agent.node_slots(config.gpus, config.workers_per_gpu, config.cpu_workers)
-        return agent.serve(start, slots, gpus, config.heartbeat_timeout)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-@contextlib.contextmanager
-def nodes(config: TrainConfig) -> Iterator[Launcher | None]:
-    """On node 0 of a run an engine started on several nodes: the launcher of every node's workers, once
-    each node's agent has connected (harness/launch/agents.py); on its way out each agent is told the exit
-    status. None for a run on one node."""
-    start = cluster_start(config)
-    if start is None or start.nodes == 1:
-        yield None
-        return
-    try:
-        slots, _ = agent.node_slots(config.gpus, config.workers_per_gpu, config.cpu_workers)
-        launcher = Agents(start, rendezvous(start, os.environ), trust.preshared_key(os.environ), slots,
-                          config.heartbeat_timeout)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    trust.forget_key()
-    try:
-        yield launcher
-    except BaseException as error:
-        launcher.close(exit_status(error, config.cluster))
-        raise
-    launcher.close(0)
 
 
 @contextlib.contextmanager
@@ -153,8 +105,9 @@ def mps_for(config: TrainConfig) -> Iterator[dict[str, str]]:
 def workers(config: TrainConfig, gpus: list[int], launcher: Launcher | None = None) -> Iterator[Children]:
     """A group of training workers, stopped on exit. They import what training needs as soon as they
     start, so a group started before the parent's own imports and checks does that work alongside
-    them. ``launcher``: node agents' (else ``config.launcher``). With ``mps`` the private daemon starts first and outlives the workers: MPS only quits once
-    its clients are gone. With ``heal_in_place`` a dead worker does not stop the group."""
+    them. ``launcher``: node agents' (else ``config.launcher``'s). With ``mps`` the private daemon starts
+    first and outlives the workers: MPS only quits once its clients are gone. With ``heal_in_place`` a
+    dead worker does not stop the group."""
     with mps_for(config) as daemon_env, Parent(heartbeat_timeout=config.heartbeat_timeout) as parent:
         try:
             group = parent.fork(config.workers, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS,
@@ -169,8 +122,8 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
           started: Children | None = None, launcher: Launcher | None = None) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
     already forked for it, or on a group forked here (by ``launcher``, node agents', if given); every
-    restart forks a new group. ``marks``: the
-    start-up timeline so far (by default it starts now, the checks done)."""
+    restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
+    checks done)."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
