@@ -173,12 +173,20 @@ def test_a_missing_or_weak_key_is_a_one_line_error_saying_how_to_make_one(env, m
     assert message in line and "secrets.token_hex(32)" in line and "export HARNESS_KEY_FILE=" in line
 
 
+def test_a_launcher_of_our_own_on_nodes_the_engine_started_is_refused(monkeypatch, capsys):
+    for name, value in {**RECORDED["torchrun"][0], "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    line = train_error("--launcher", "ssh", "--hosts", "a:1,b:1", monkeypatch=monkeypatch, capsys=capsys)
+    assert "torchrun started Train.py on each of its 2 nodes" in line and "drop --launcher, --hosts" in line
+
+
 def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it():
     torchrun = {**RECORDED["torchrun"][0], "MASTER_ADDR": "node0", "MASTER_PORT": "41000"}
     assert rendezvous(ClusterStart("torchrun", 1, 2), torchrun) == ("node0", 41001)
     assert rendezvous(ClusterStart("torchrun", 1, 2), {**torchrun, "HARNESS_PORT": "5000"}) == ("node0", 5000)
     pytorchjob = RECORDED["pytorchjob"][0]
     assert rendezvous(ClusterStart("kubeflow", 2, 3), pytorchjob) == ("job-master-0", 23456)
+    assert rendezvous(ClusterStart("kubeflow", 1, 2), RECORDED["trainjob"][0]) == ("job-node-0-0.job", 29400)
     slurm = RECORDED["slurm"][0]
     assert rendezvous(ClusterStart("slurm", 1, 2), slurm) == ("node0", 29500)
     assert rendezvous(ClusterStart("sagemaker", 1, 2), RECORDED["sagemaker"][0]) == ("algo-1", 29500)
