@@ -19,6 +19,7 @@ import torch
 from harness.launch import agent, trust
 from harness.launch.agents import Agents
 from harness.launch.cluster import RETRY_EXIT, ClusterStart, rendezvous
+from harness.launch.placement import on_this_node
 from tests.helpers.ci import missing
 from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file, mpirun
 from tests.helpers.netns_hosts import Hosts
@@ -299,3 +300,12 @@ def test_a_node_agent_killed_under_torchrun_restarts_the_job_which_resumes_where
     assert [r["restart_count"] for r in done if r["event"] == "cluster"][-1] == 1
     assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
     assert children_on(hosts) == []
+
+
+def test_a_node_s_children_get_its_own_names_for_the_gpus_the_parent_numbered(monkeypatch):
+    """The parent numbers a node's GPUs 0, 1, ...; a node whose CUDA_VISIBLE_DEVICES lists others (Slurm's
+    --gres, a container) gives its children those."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert on_this_node({"CUDA_VISIBLE_DEVICES": "1", "HARNESS_GPU": "1", "X": "y"}) == \
+        {"CUDA_VISIBLE_DEVICES": "6", "HARNESS_GPU": "6", "X": "y"}
+    assert on_this_node({"CUDA_VISIBLE_DEVICES": "", "HARNESS_GPU": ""}) == {"CUDA_VISIBLE_DEVICES": "", "HARNESS_GPU": ""}

@@ -40,7 +40,7 @@ from . import trust, zygote
 from .agents import HEARTBEAT, POLL_MS
 from .cluster import RETRY_EXIT, ClusterStart, rendezvous
 from .launchers import address_toward
-from .placement import resolve_gpus, visible_gpus
+from .placement import on_this_node, resolve_gpus, visible_gpus
 
 FIND_TIMEOUT = 300.0    # s an agent looks for the parent when the job starts
 GRACE = 60.0            # s an agent that lost the parent waits for it to come back
@@ -228,7 +228,7 @@ class Served:
     def _do(self, kind: str, payload: Any) -> None:
         if kind == "start":
             number, env = payload
-            env = {**self._base, **env}
+            env = on_this_node({**self._base, **env})
             child = self._children[number] = zygote.for_environment(env).fork(env)
             threading.Thread(target=self._watch, args=(number, child), name=f"harness-agent-{number}",
                              daemon=True).start()

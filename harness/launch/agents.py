@@ -46,6 +46,7 @@ from harness.control import wire
 from . import trust, zygote
 from .cluster import ClusterStart
 from .launchers import Host, Launcher, address_toward, remote_environment
+from .placement import on_this_node
 
 log = logging.getLogger("harness")
 
@@ -165,6 +166,7 @@ class Agents(Launcher):
 
     def start(self, host: str, env: Mapping[str, str]) -> zygote.Forked:
         if host == self.hosts[0].name:
+            env = on_this_node(env)
             return zygote.for_environment(env).fork(env)
         node = self._by_host[host]
         if node.lost:
