@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -243,6 +244,51 @@ def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_re
         job.close()
     assert "started by kubeflow: node 0 of 2, restart 1; resuming" in job.output(0)
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "job.pt"))
+    assert children_on(hosts) == []
+
+
+def test_sigterm_to_node_0_stops_every_node_at_one_update_with_a_checkpoint(hosts, tmp_path):
+    """As ``kill`` or a preemption notice does to the master pod: the workers on both nodes stop at one
+    update and save, node 0 prints the command that continues, and the agent ends with node 0's status."""
+    job = PyTorchJob(hosts, tmp_path, *SLOW_FLAGS[:SLOW_FLAGS.index("--cpu-workers")], "--cpu-workers", "1",
+                     "--max-steps", "1000", "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    try:
+        job.resolve(1)
+        job.start(0)
+        job.start(1)
+        wait_for_steps(job, tmp_path)
+        job.processes[0].send_signal(signal.SIGTERM)
+        assert job.wait() == [128 + signal.SIGTERM] * 2, job.output(0)[-3000:]
+    finally:
+        job.close()
+    stopped = re.findall(r"Train\.py: SIGTERM: stopped at epoch \d+, update (\d+); saved \S+; continue with",
+                         job.output(0))
+    assert len(stopped) == 1, job.output(0)[-2000:]
+    assert torch.load(tmp_path / "job.pt", weights_only=False)["step"] == int(stopped[0])
+    assert children_on(hosts) == []
+
+
+def test_a_child_killed_with_healing_off_restarts_the_group_on_the_same_nodes_from_the_checkpoint(hosts, tmp_path):
+    """``--heal off --max-restarts 1``: the parent starts a new group through the same agents, which resumes
+    from the last checkpoint and ends with the uninterrupted run's parameters (torchrun sees nothing)."""
+    local = SLOW_FLAGS.index("--cpu-workers")
+    _, straight = run_train(tmp_path, *SLOW_FLAGS[:local], "--cpu-workers", "2", *SLOW_FLAGS[local + 2:],
+                            "--save-every-steps", "20", name="straight")
+    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
+             "--max-restarts", "1", "--heal", "off", "--save", str(tmp_path / "model.pt"), "--log-dir",
+             str(tmp_path / "logs")]
+    job = Torchrun(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not any(r["event"] == "saved" for r in records(tmp_path)):
+        assert time.monotonic() < deadline and job.running(), job.output(0)[-3000:]
+        time.sleep(0.1)
+    os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
+    assert job.wait() == [0, 0], job.output(0)[-3000:]
+
+    done = records(tmp_path)
+    assert [r["rank"] for r in done if r["event"] == "restart"] == [1]
+    assert [r["restart_count"] for r in done if r["event"] == "cluster"] == [0]
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
     assert children_on(hosts) == []
 
 
