@@ -234,7 +234,10 @@ class Served:
                              daemon=True).start()
         elif kind == "signal" and payload[0] in self._children:
             child = self._children[payload[0]]
-            child.kill() if payload[1] == signal.SIGKILL else child.send_signal(payload[1])
+            if payload[1] == signal.SIGKILL:
+                child.kill()        # also one the zygote has not forked yet
+            else:
+                child.send_signal(payload[1])
 
     def _watch(self, number: int, child: zygote.Forked) -> None:
         """Report the child's pid, each stderr line and its exit status, in that order."""
