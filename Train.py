@@ -10,18 +10,18 @@ The same run from Python: harness.training.run(TrainConfig(...)); the flags are 
 """
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
 
 from harness import ChildError, ChildFailed
 from harness.control import timeline
-from harness.launch.cluster import lost_workers_exit
+from harness.launch.agents import NodeLost
 from harness.resilience.interrupt import Interrupted, Interrupts
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.driver import Diverged, run
+from harness.training.nodes import exit_status, serve_node
 from harness.training.flags import parse
 
 
@@ -34,27 +34,28 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, check, train; the exit status: 0, 2 for bad input, 1 when training failed or diverged, 128 + the
     signal's number when SIGINT or SIGTERM stopped the run at an update (saved; --resume continues), and
     200 (RETRY_EXIT) when workers died past --max-restarts under a cluster engine, which may then restart
-    the job: it resumes from its checkpoint."""
+    the job: it resumes from its checkpoint. Under an engine that started it on several nodes, every node
+    but node 0 serves node 0 as its node agent and exits with node 0's status."""
     marks = timeline.start("imported")
     with Interrupts() as caught:
         try:
             config = parse_args(argv)
+            served = serve_node(config)
+            if served is not None:
+                return served
             results = run(config, interrupts=caught, marks=marks)
         except ConfigError as e:                    # a bad input, or the MPS daemon did not start
             print(f"Train.py: error: {e}", file=sys.stderr)
-            return 2
-        except ChildError as e:                     # the training code raised: a restart would raise it again
+            return exit_status(e)
+        except (ChildError, Diverged) as e:         # the training code raised: a restart would raise it again
+            print(f"Train.py: {'training failed: ' * isinstance(e, ChildError)}{e}", file=sys.stderr)
+            return exit_status(e)
+        except (ChildFailed, GaveUp, NodeLost) as e:    # workers died: an engine that started us may start us again
             print(f"Train.py: training failed: {e}", file=sys.stderr)
-            return 1
-        except (ChildFailed, GaveUp) as e:          # workers died: an engine that started us may start us again
-            print(f"Train.py: training failed: {e}", file=sys.stderr)
-            return lost_workers_exit(config.cluster, os.environ)
-        except Diverged as e:
-            print(f"Train.py: {e}", file=sys.stderr)
-            return 1
+            return exit_status(e, config.cluster)
         except Interrupted as e:
             print(f"Train.py: {e}; nothing saved since the last checkpoint", file=sys.stderr)
-            return 128 + e.signum
+            return exit_status(e)
     signum = results[0]["interrupted"]
     if signum:
         saved = (f"saved {config.save}; continue with: python {shlex.quote(sys.argv[0])} --resume "

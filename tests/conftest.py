@@ -1,8 +1,10 @@
 """Fixtures shared by the test modules; their helpers live in tests/helpers/."""
 import pytest
 
+from tests.helpers.ci import missing
 from tests.helpers.data_files import make_image_folder, make_token_files
 from tests.helpers import slow_model
+from tests.helpers.netns_hosts import Hosts, why_no_slurm, why_not
 from tests.helpers.runs import end_every_run
 
 
@@ -33,3 +35,23 @@ def no_train_py_outlives_its_test():
     them, nor their workers, outlives it."""
     yield
     end_every_run()
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Three hosts as network namespaces with sshd (tests/helpers/netns_hosts.py), for one test module."""
+    reason = why_not()
+    if reason:
+        missing(f"cannot make hosts as network namespaces here: {reason}")
+    made = Hosts(tmp_path_factory.mktemp("hosts"))
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def slurm(hosts) -> dict[str, str]:
+    """A real Slurm cluster over the three hosts: the environment salloc, sbatch and srun need."""
+    reason = why_no_slurm()
+    if reason:
+        missing(f"cannot run Slurm here: {reason}")
+    return hosts.start_slurm()

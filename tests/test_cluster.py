@@ -1,8 +1,8 @@
 """Started by an engine: each one's recorded environment detected as it, the known false positives
-not, one process per node and one node enforced with the fix named, and a real torchrun start."""
+not, one process per node enforced with the fix named, and a real torchrun start (on several nodes:
+tests/test_agents.py)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,35 +15,9 @@ from harness.training.checks import resolve
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import read_metrics
 from tests.helpers import ROOT
+from tests.helpers.engines import RECORDED
 from tests.helpers.runs import finish, start_train, workers_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
-
-# What each engine sets for the process it starts, as its source sets it (trimmed to what matters):
-# torch/distributed/elastic/agent/server/local_elastic_agent.py, kubeflow/trainer (v1 PyTorchJob's
-# SetPodEnv, v2's torch plugin: PET_*), Slurm's srun, Open MPI's and MPICH's launchers, SageMaker, SkyPilot.
-RECORDED = {
-    "torchrun": ({"TORCHELASTIC_RUN_ID": "none", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                  "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                  "TORCHELASTIC_RESTART_COUNT": "2"}, ClusterStart("torchrun", 0, 1, 1, 2)),
-    "pytorchjob": ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
-                    "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2",
-                    "PYTHONUNBUFFERED": "1"}, ClusterStart("kubeflow", 2, 3)),
-    "trainjob": ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "2", "PET_NODE_RANK": "1",
-                  "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"},
-                 ClusterStart("kubeflow", 1, 2)),
-    "slurm": ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
-               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NODELIST": "node[0-1]"},
-              ClusterStart("slurm", 1, 2)),
-    "openmpi": ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_NODE_RANK": "1"}, ClusterStart("mpi", 1, 2, 2)),
-    "mpich": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "MPI_LOCALRANKID": "0"},
-              ClusterStart("mpi", 1, 2)),
-    "sagemaker": ({"SM_HOSTS": json.dumps(["algo-1", "algo-2"]), "SM_CURRENT_HOST": "algo-2"},
-                  ClusterStart("sagemaker", 1, 2)),
-    "skypilot": ({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2\n10.0.0.3", "SKYPILOT_NUM_NODES": "3"},
-                 ClusterStart("skypilot", 0, 3)),
-}
-
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_each_engine_is_detected_from_what_it_sets(name):
@@ -70,12 +44,13 @@ def test_cluster_none_turns_detection_off_and_a_named_engine_must_be_there():
         detect(RECORDED["torchrun"][0] | {"SLURM_STEP_ID": "0"}, "slurm")
 
 
-def test_more_than_one_process_per_node_or_more_than_one_node_is_refused_with_the_fix():
+def test_more_than_one_process_per_node_or_a_node_outside_the_job_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"torchrun started 8 processes.*torchrun --nproc-per-node 1"):
         check_start(ClusterStart("torchrun", 0, 1, 8))
-    with pytest.raises(ValueError, match=r"on 2 nodes.*--launcher ssh"):
-        check_start(ClusterStart("slurm", 1, 2))
+    with pytest.raises(ValueError, match=r"this is node 3 of 2: a node rank must be 0..1"):
+        check_start(ClusterStart("slurm", 3, 2))
     check_start(ClusterStart("kubeflow", 0, 1))
+    check_start(ClusterStart("slurm", 1, 2))        # node 1 of 2: node 0's agent (tests/test_agents.py)
 
 
 def test_a_restarted_job_resumes_from_the_checkpoint_it_was_writing(tmp_path, monkeypatch):

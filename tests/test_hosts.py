@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,68 +21,20 @@ from harness.collectives.hierarchical import HierarchicalCommunicator
 from harness.launch.placement import assign_on_hosts
 from harness.launch.launchers import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from harness.training.metrics import read_metrics
-from tests.helpers.ci import missing
-from tests.helpers.netns_hosts import Hosts, why_no_slurm, why_not
+from tests.helpers.engines import Job
+from tests.helpers.netns_hosts import Hosts
 from tests.helpers.processes import harness_children, wait_gone
 from tests.helpers.runs import finish, interrupt, start_train
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
-from tests.helpers.training import ROOT, flat_params, run_train, train_error
+from tests.helpers.training import flat_params, run_train, train_error
 
 COMMON = ["--max-steps", "30", "--batch-size", "16", "--seed", "4"]     # the runs compared with six local workers
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    reason = why_not()
-    if reason:
-        missing(f"cannot make hosts as network namespaces here: {reason}")
-    made = Hosts(tmp_path_factory.mktemp("hosts"))
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="module")
-def slurm(hosts) -> dict[str, str]:
-    """A real Slurm cluster over the three hosts: the environment salloc, sbatch and srun need."""
-    reason = why_no_slurm()
-    if reason:
-        missing(f"cannot run Slurm here: {reason}")
-    return hosts.start_slurm()
 
 
 @pytest.fixture(scope="module")
 def six_local_workers(tmp_path_factory):
     """The checkpoint of Train.py on six local workers, which the runs across hosts must equal."""
     return run_train(tmp_path_factory.mktemp("local"), *COMMON, "--cpu-workers", "6", name="local")[1]
-
-
-class Job:
-    """Train.py with ``flags`` submitted with sbatch on ``nodes`` nodes, ``per_node`` tasks each: the
-    batch script, and so the parent, runs on node0 with ``--launcher slurm``; or with ``step``, the
-    script's srun starts Train.py itself, one task per node. Its output goes to ``directory``/slurm.out.
-    (Polled with scontrol: ``sbatch --wait`` sleeps up to half a minute between its own polls.)"""
-
-    def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2, nodes: int = 3,
-                 step: bool = False):
-        self.env, self.output = {**os.environ, **slurm}, directory / "slurm.out"
-        train = [sys.executable, str(ROOT / "Train.py"), *([] if step else ["--launcher", "slurm"]), *flags]
-        command = " ".join(([f"srun --ntasks-per-node={per_node}"] if step else []) + train)
-        self.id = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
-                                  f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
-                                 env=self.env, capture_output=True, text=True, check=True).stdout.strip()
-
-    def state(self) -> tuple[str, int]:
-        """The job's state and its script's exit status."""
-        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", self.id], env=self.env,
-                               capture_output=True, text=True, check=True).stdout
-        return shown.split("JobState=")[1].split()[0], int(shown.split("ExitCode=")[1].split(":")[0])
-
-    def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while (state := self.state())[0] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
-            assert time.monotonic() < deadline, f"job {self.id} still {state[0]} after {timeout} s"
-            time.sleep(0.2)
-        return state[1]
 
 
 def where(ctx) -> tuple:

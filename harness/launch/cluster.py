@@ -1,10 +1,9 @@
 """Which engine started this process, if any: torchrun, Kubeflow, a Slurm job step, MPI, SageMaker, SkyPilot.
 
 These engines start the same command on every node and say who each process is through environment
-variables. Train.py starts its own workers (one per GPU, or --cpu-workers), so it must run once per node,
-and today on one node: it becomes that node's parent. Runs that span nodes started by an engine need
-node agents (the other nodes' processes joining node 0's parent), which are not built yet; they are
-refused with the way to run such a job today (--launcher ssh or slurm from one node).
+variables. Train.py starts its own workers (one per GPU, or --cpu-workers), so it must run once per node. On
+node 0 it becomes the parent; on every other node a node agent (harness/launch/agent.py) that finds
+the parent at the rendezvous address (``rendezvous``) and starts that node's workers for it.
 
 Detection goes in a fixed order, the first match wins, and it looks for what only a start by that
 engine sets, so that none is mistaken for another (the peers' trackers show each of these mistakes):
@@ -28,6 +27,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .launchers import expand_nodelist, slurm_node_address
+
 # Slurm's step ids of a job's batch script, its interactive step and its external step (slurm.h's
 # SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP, SLURM_EXTERN_CONT): the job's own shell, not a task srun started.
 SLURM_SPECIAL_STEPS = ("4294967294", "4294967291", "4294967295")
@@ -37,6 +38,9 @@ SLURM_SPECIAL_STEPS = ("4294967294", "4294967291", "4294967295")
 RETRY_EXIT = 200
 ENGINES = ("torchrun", "kubeflow", "slurm", "mpi", "sagemaker", "skypilot")
 CHOICES = ("auto", "none", *ENGINES)
+# The port node 0's parent listens on for the other nodes' agents where the engine names none (Slurm,
+# MPI, SageMaker, SkyPilot without MASTER_PORT); HARNESS_PORT overrides it under every engine.
+DEFAULT_PORT = 29500
 
 
 @dataclass(frozen=True)
@@ -88,9 +92,9 @@ def _slurm(env: Mapping[str, str]) -> ClusterStart | None:
 
 
 def _mpi(env: Mapping[str, str]) -> ClusterStart | None:
-    if "OMPI_COMM_WORLD_SIZE" in env:
+    if "OMPI_COMM_WORLD_SIZE" in env:     # OMPI_COMM_WORLD_NODE_RANK is a rank on the node, not the node's
         per_node = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
-        return ClusterStart("mpi", _int(env, "OMPI_COMM_WORLD_NODE_RANK", _int(env, "OMPI_COMM_WORLD_RANK") // per_node),
+        return ClusterStart("mpi", _int(env, "OMPI_COMM_WORLD_RANK") // per_node,
                             _int(env, "OMPI_COMM_WORLD_SIZE") // per_node, per_node)
     if "PMI_SIZE" in env:
         per_node = _int(env, "MPI_LOCALNRANKS", 1)
@@ -142,16 +146,43 @@ def lost_workers_exit(cluster: str, env: Mapping[str, str]) -> int:
 
 
 def check_start(start: ClusterStart | None) -> None:
-    """What Train.py can do under an engine today: one process on one node (it starts the workers)."""
+    """What Train.py can do under an engine: one process per node (it starts the workers itself)."""
     if start is None:
         return
     if start.per_node > 1:
         raise ValueError(f"{start.engine} started {start.per_node} processes on this node; Train.py starts one worker "
                          f"per GPU itself, so start one process per node ({_one_per_node(start.engine)})")
-    if start.nodes > 1:
-        raise ValueError(f"{start.engine} started Train.py on {start.nodes} nodes; a run spanning nodes that an "
-                         "engine starts is not supported yet: start it from one node with --launcher ssh --hosts ... "
-                         "(or --launcher slurm inside an allocation), or give the job one node")
+    if not 0 <= start.node_rank < start.nodes:
+        raise ValueError(f"{start.engine} says this is node {start.node_rank} of {start.nodes}: a node rank must be "
+                         f"0..{start.nodes - 1}; check the job's node count")
+
+
+def rendezvous(start: ClusterStart, env: Mapping[str, str]) -> tuple[str, int]:
+    """(host, port) where node 0's parent listens for the other nodes' agents: the engine's master address
+    (MASTER_ADDR; Kubeflow's PET_MASTER_ADDR; the NodeAddr of the Slurm step's first node; SageMaker's first host;
+    SkyPilot's first IP) and HARNESS_PORT, else MASTER_PORT, else DEFAULT_PORT. Under torchrun MASTER_PORT
+    is torchrun's own store (torch >= 2.4 shares its rendezvous TCPStore with the workers), so the parent
+    takes MASTER_PORT + 1. MPI names no first node: the user passes MASTER_ADDR (``mpirun -x MASTER_ADDR=...``)."""
+    host = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR") or _first_node(start, env)
+    if not host:
+        raise ValueError(f"{start.engine} does not say which node is node 0: set MASTER_ADDR to its address on "
+                         "every node (e.g. mpirun -x MASTER_ADDR=node1 ...)")
+    port = env.get("HARNESS_PORT") or env.get("MASTER_PORT") or env.get("PET_MASTER_PORT") or str(DEFAULT_PORT)
+    if not port.isdigit() or not 0 < int(port) < 65535:
+        raise ValueError(f"port {port!r} (HARNESS_PORT or MASTER_PORT) is not a TCP port; set HARNESS_PORT=29500")
+    shift = start.engine == "torchrun" and "HARNESS_PORT" not in env
+    return host, int(port) + shift
+
+
+def _first_node(start: ClusterStart, env: Mapping[str, str]) -> str | None:
+    if start.engine == "slurm":
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        return slurm_node_address(expand_nodelist(nodes)[0]) if nodes else None
+    if start.engine == "sagemaker":
+        return json.loads(env["SM_HOSTS"])[0]
+    if start.engine == "skypilot":
+        return env["SKYPILOT_NODE_IPS"].split()[0]
+    return None
 
 
 def _one_per_node(engine: str) -> str:

@@ -31,9 +31,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from . import zygote
+
+if TYPE_CHECKING:
+    from .cluster import ClusterStart
 
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
@@ -48,9 +51,11 @@ class Host:
 
 
 class Launcher:
-    """Starts children. ``remote``: they run on other hosts, so the control plane is TCP."""
+    """Starts children. ``remote``: they run on other hosts, so the control plane is TCP. ``cluster``: what
+    the engine that started every node's process said of the whole job (node agents' launcher only)."""
 
     remote = False
+    cluster: ClusterStart | None = None
 
     def __init__(self, hosts: Sequence[Host]):
         if not hosts:
@@ -139,15 +144,19 @@ class Slurm(Launcher):
                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     def address_of(self, host: str) -> str:
-        """The node's NodeAddr, as Slurm itself reaches it (a node's name need not resolve in DNS);
-        the name where scontrol cannot say."""
-        try:
-            shown = subprocess.run(["scontrol", "show", "node", "--oneliner", host], capture_output=True,
-                                   text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return host
-        match = re.search(r"\bNodeAddr=(\S+)", shown)
-        return match[1] if match else host
+        return slurm_node_address(host)
+
+
+def slurm_node_address(node: str) -> str:
+    """A Slurm node's NodeAddr, as Slurm itself reaches it (a node's name need not resolve in DNS); the
+    name where scontrol cannot say."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "node", "--oneliner", node], capture_output=True,
+                               text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return node
+    match = re.search(r"\bNodeAddr=(\S+)", shown)
+    return match[1] if match else node
 
 
 def remote_environment(env: Mapping[str, str]) -> dict[str, str]:

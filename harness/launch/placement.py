@@ -130,6 +130,20 @@ def allocator_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {"PYTORCH_CUDA_ALLOC_CONF": ALLOCATOR_SETTINGS}
 
 
+def on_this_node(env: Mapping[str, str]) -> dict[str, str]:
+    """A remote child's environment with its GPU indices (0, 1, ...: the parent cannot see the node's GPUs)
+    turned into this node's names for them, as its CUDA_VISIBLE_DEVICES lists them (Slurm's --gres, a
+    container's devices); unchanged for a CPU child, and where the node sees its GPUs as 0, 1, ...
+    A node agent applies it to the children it starts (harness/launch/agents.py)."""
+    visible = visible_gpus()
+
+    def named(value: str) -> str:
+        return ",".join(visible[int(index)] for index in value.split(",")) if value else value
+    if not env.get("CUDA_VISIBLE_DEVICES"):
+        return dict(env)
+    return {**env, "CUDA_VISIBLE_DEVICES": named(env["CUDA_VISIBLE_DEVICES"]), "HARNESS_GPU": named(env["HARNESS_GPU"])}
+
+
 def child_environment(gpu: int | None, threads: int) -> dict[str, str]:
     """Environment entries that pin one child: its GPU (or none) and its CPU thread count."""
     env = {"CUDA_VISIBLE_DEVICES": visible_gpus()[gpu] if gpu is not None else ""}

@@ -21,8 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.launch.cluster import check_start, detect
-from harness.launch.launchers import make_launcher
+from harness.launch.cluster import ClusterStart, check_start, detect
+from harness.launch.launchers import Launcher, make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
 from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig
 from harness.training.optim import check_options, default_impl
@@ -81,14 +81,15 @@ def _numbers(value: Any) -> list[Any]:
     return [n for v in value for n in _numbers(v)] if isinstance(value, (list, tuple)) else [value]
 
 
-def plan_workers(config: TrainConfig) -> tuple[list[int], TrainConfig]:
+def plan_workers(config: TrainConfig, launcher: Launcher | None = None) -> tuple[list[int], TrainConfig]:
     """Where the workers run, checked without importing torch (so that Train.py can start its workers
-    first): (the GPUs of each host, the config with ``workers`` and ``workers_per_gpu`` decided)."""
+    first): (the GPUs of each host, the config with ``workers`` and ``workers_per_gpu`` decided).
+    ``launcher``: the nodes an engine started Train.py on (harness/launch/agents.py), if it did."""
     for name in ("cpu_workers", "workers_per_gpu", "heartbeat_timeout", "max_restarts"):
         check_field(config, name)
-    config = check_cluster(config)
-    if config.launcher != "local":
-        gpus, config = _remote_plan(config)
+    config = check_cluster(config, launcher.cluster if launcher else None)
+    if launcher is not None or config.launcher != "local":
+        gpus, config = _remote_plan(config, launcher)
     else:
         if config.control_address or config.encrypt:
             raise ConfigError("--control-address and --encrypt are for workers on other hosts (--launcher ssh or "
@@ -107,21 +108,32 @@ def plan_workers(config: TrainConfig) -> tuple[list[int], TrainConfig]:
     return gpus, config.replace(heal_in_place=heals_in_place(config, gpus))
 
 
-def check_cluster(config: TrainConfig) -> TrainConfig:
-    """Started by an engine (harness/launch/cluster.py): one process on one node, and after the engine
-    restarted the job, a resume from the checkpoint the run was writing."""
+def cluster_start(config: TrainConfig) -> ClusterStart | None:
+    """What the engine that started this process said (harness/launch/cluster.py), checked: one process
+    per node, and on several nodes no launcher of our own (the engine started each node's process)."""
     try:
         start = detect(os.environ, config.cluster)
         check_start(start)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if start and start.nodes > 1 and (config.launcher != "local" or config.hosts or config.hostfile):
+        raise ConfigError(f"--launcher {config.launcher}: {start.engine} started Train.py on each of its {start.nodes} "
+                          "nodes, and each starts its node's workers; drop --launcher, --hosts and --hostfile")
+    return start
+
+
+def check_cluster(config: TrainConfig, job: ClusterStart | None = None) -> TrainConfig:
+    """Started by an engine: checked (``cluster_start``), and after the engine restarted the job (``job``:
+    what every node's engine said, where node agents have told it), a resume from the checkpoint the
+    run was writing."""
+    start = job or cluster_start(config)
     if start and start.restart_count and config.save and not config.resume and Path(config.save).exists():
         return config.replace(resume=config.save)
     return config
 
 
-def _remote_plan(config: TrainConfig) -> tuple[list[int], TrainConfig]:
-    """--launcher ssh or slurm. This machine cannot see the hosts' GPUs: ``--gpus all`` (the default
+def _remote_plan(config: TrainConfig, launcher: Launcher | None) -> tuple[list[int], TrainConfig]:
+    """--launcher ssh or slurm, or node agents (``launcher``). This machine cannot see the hosts' GPUs: ``--gpus all`` (the default
     where this machine has GPUs) gives each of a host's workers its own GPU, 0, 1, ..., or with
     ``--workers-per-gpu K`` each K workers one; ``--gpus 0,1`` shares a host's workers out over those.
     Workers that share a GPU combine through CUDA IPC on their host, as on one machine;
@@ -130,7 +142,7 @@ def _remote_plan(config: TrainConfig) -> tuple[list[int], TrainConfig]:
         raise ConfigError(f"--mps works on one machine only so far (it starts a private MPS daemon there); drop it "
                           f"with --launcher {config.launcher} (--workers-per-gpu works without it)")
     try:
-        launcher = make_launcher(config.launcher, config.hosts, config.hostfile)
+        launcher = launcher or make_launcher(config.launcher, config.hosts, config.hostfile)
         most = max(h.slots for h in launcher.hosts)
         gpus = host_gpus(config.gpus if config.gpus is not None else ("all" if visible_gpus() else None),
                          -(-most // config.workers_per_gpu))

@@ -5,6 +5,8 @@ it is known where they run; the parent imports torch and checks the other fields
 meanwhile (harness/training/checks.py), so a bad input still fails before any worker trains, and a
 good one does not wait for the checks. A worker that dies or hangs is healed in place or restarts
 the group from the last checkpoint, ``max_restarts`` times in all (harness/resilience/recovery.py).
+Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher
+(harness/training/nodes.py).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Iterator
 
 from harness.control import timeline
 from harness.launch.cluster import detect
+from harness.launch.launchers import Launcher
 from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
@@ -23,6 +26,7 @@ from harness.resilience.recovery import Recovery
 from harness.training.checks import check_flags, check_inputs, check_outputs, plan_workers
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
+from harness.training.nodes import nodes
 from harness.training.progress import Progress
 
 # torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
@@ -44,15 +48,19 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     ``interrupts``: SIGINT/SIGTERM handlers to tell about the workers (Train.py's); ``marks``: the
     start-up timeline so far."""
     marks = marks if marks is not None else timeline.start("imported")
-    gpus, config = plan_workers(config)
-    with own_outputs(config), workers(config, gpus) as kids:
-        timeline.mark(marks, "forked")
-        config = check_inputs(check_flags(config, gpus))
-        print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
-              f"{where(config, gpus, kids)}, mode {config.mode}")
-        timeline.mark(marks, "checked")
-        import_plotting_meanwhile()
-        return train(config, gpus, marks, interrupts, started=kids)
+    with nodes(config) as launcher:
+        gpus, config = plan_workers(config, launcher)
+        with own_outputs(config), workers(config, gpus, launcher) as kids:
+            timeline.mark(marks, "forked")
+            config = check_inputs(check_flags(config, gpus))
+            print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
+                  f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
+            timeline.mark(marks, "checked")
+            import_plotting_meanwhile()
+            results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher)
+        if launcher is not None:        # the other nodes end as this one does
+            launcher.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
+        return results
 
 
 @contextlib.contextmanager
@@ -66,10 +74,10 @@ def own_outputs(config: TrainConfig) -> Iterator[None]:
         raise ConfigError(str(e)) from None
 
 
-def where(config: TrainConfig, gpus: list[int], kids: Children) -> str:
+def where(config: TrainConfig, gpus: list[int], kids: Children, launcher: Launcher | None = None) -> str:
     shared = f", {config.workers_per_gpu} per GPU" if gpus and config.workers_per_gpu > 1 else ""
-    if config.launcher != "local":
-        return (f"{len(kids.hosts)} hosts ({config.launcher}), "
+    if launcher is not None or config.launcher != "local":
+        return (f"{len(kids.hosts)} hosts ({'node agents' if launcher else config.launcher}), "
                 + ("GPUs " + ",".join(map(str, gpus)) if gpus else "CPU") + " on each" + shared)
     return f"{len(gpus)} GPU(s)" + shared if gpus else f"{config.workers} CPU workers"
 
@@ -94,15 +102,16 @@ def mps_for(config: TrainConfig) -> Iterator[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def workers(config: TrainConfig, gpus: list[int]) -> Iterator[Children]:
+def workers(config: TrainConfig, gpus: list[int], launcher: Launcher | None = None) -> Iterator[Children]:
     """A group of training workers, stopped on exit. They import what training needs as soon as they
     start, so a group started before the parent's own imports and checks does that work alongside
-    them. With ``mps`` the private daemon starts first and outlives the workers: MPS only quits once
-    its clients are gone. With ``heal_in_place`` a dead worker does not stop the group."""
+    them. ``launcher``: node agents' (else ``config.launcher``'s). With ``mps`` the private daemon starts
+    first and outlives the workers: MPS only quits once its clients are gone. With ``heal_in_place`` a
+    dead worker does not stop the group."""
     with mps_for(config) as daemon_env, Parent(heartbeat_timeout=config.heartbeat_timeout) as parent:
         try:
             group = parent.fork(config.workers, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS,
-                                heal=config.heal_in_place, launcher=config.launcher, hosts=config.hosts,
+                                heal=config.heal_in_place, launcher=launcher or config.launcher, hosts=config.hosts,
                                 hostfile=config.hostfile, address=config.control_address, encrypt=config.encrypt)
         except ValueError as e:         # e.g. no address to listen on for the hosts
             raise ConfigError(str(e)) from None
@@ -110,14 +119,15 @@ def workers(config: TrainConfig, gpus: list[int]) -> Iterator[Children]:
 
 
 def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
-          started: Children | None = None) -> list[dict]:
+          started: Children | None = None, launcher: Launcher | None = None) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
-    already forked for it, or on a group forked here; every restart forks a new group. ``marks``: the
-    start-up timeline so far (by default it starts now, the checks done)."""
+    already forked for it, or on a group forked here (by ``launcher``, node agents', if given); every
+    restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
+    checks done)."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
-    start = detect(os.environ, config.cluster)
+    start = launcher.cluster if launcher else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (f"; resuming {config.resume}" if start.restart_count and config.resume else ""))
         log.write({"time": time.time(), **start.record()})
@@ -131,7 +141,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
         kids = next(first, None)
         if kids is not None:
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
-        with workers(attempt_config, gpus) as kids:
+        with workers(attempt_config, gpus, launcher) as kids:
             marks.setdefault("forked", time.time())
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
 

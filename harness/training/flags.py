@@ -11,6 +11,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
+from harness.launch.cluster import CHOICES as CLUSTER_CHOICES
 from harness.launch.launchers import LAUNCHERS
 from harness.training.config import DEFAULT_SAVE, ConfigError, TrainConfig
 from harness.training.optim import IMPLS, OPTIMIZERS
@@ -64,11 +65,12 @@ def _workers(a: Callable[..., Any]) -> None:
     a("--encrypt", action="store_true",
       help="remote workers: encrypt the control plane with CurveZMQ (it is always signed), for a network "
            "others can listen on")
-    a("--cluster", choices=("auto", "none", "torchrun", "kubeflow", "slurm", "mpi", "sagemaker", "skypilot"),
+    a("--cluster", choices=CLUSTER_CHOICES,
       help="the engine that started this process (torchrun, Kubeflow, a Slurm job step, mpirun, SageMaker, "
            "SkyPilot): auto (default) detects it from its variables, none turns detection off. Started by one, "
-           "Train.py runs as that node's parent, once per node (--nproc-per-node 1), one node so far; when the "
-           "engine restarts the job, it resumes from --save by itself")
+           "Train.py runs once per node (--nproc-per-node 1): node 0's is the parent, every other node's its "
+           "node agent, with a key every node shares (HARNESS_KEY_FILE or HARNESS_KEY; docs/hosts.md); when "
+           "the engine restarts the job, it resumes from --save by itself")
     a("--mps", action="store_true",
       help="start a private NVIDIA MPS daemon for the run (pipe and log dirs in --log-dir), so workers "
            "sharing a GPU run their kernels concurrently; stopped at the end")
