@@ -1,0 +1,80 @@
+"""The asynchronous parameter server (--mode async): its stale-synchronous rule on its own, and runs
+of Train.py that equal synchronous DiLoCo at S = 0, keep within S with a slow worker, and resume."""
+from __future__ import annotations
+
+import torch
+
+from harness.collectives.outer import OuterOptimizer
+from harness.collectives.server import ParameterServer
+
+
+def started(workers: int, staleness: int, kind: str = "nesterov") -> ParameterServer:
+    server = ParameterServer(workers, OuterOptimizer(kind, 0.7, 0.9), every=4, max_staleness=staleness)
+    answers = []
+    for rank in range(workers):
+        answers += server.join(rank, {"anchor": [torch.zeros(3)], "version": 0} if rank == 0 else None)
+    assert sorted(r for r, _ in answers) == list(range(workers))
+    return server
+
+
+def delta(value: float) -> list[torch.Tensor]:
+    return [torch.full((3,), value)]
+
+
+def test_with_staleness_0_nobody_is_answered_until_every_worker_has_pushed():
+    server = started(3, 0)
+    assert server.push(0, 4, delta(1.0)) == []
+    assert server.push(2, 4, delta(2.0)) == []
+    answers = server.push(1, 4, delta(3.0))
+    assert [r for r, _ in answers] == [0, 1, 2]
+    assert {a["version"] for _, a in answers} == {1}
+    assert [r["staleness"] for r in server.records] == [0, 0, 0]
+
+
+def test_the_averaged_step_is_the_hand_computed_nesterov_update():
+    server = started(2, 0)
+    server.push(0, 4, delta(0.2))
+    answers = server.push(1, 4, delta(0.4))
+    # average 0.3; m = 0.3; anchor = 0 - 0.7 * (0.3 + 0.9 * 0.3)
+    expected = torch.zeros(3) - 0.7 * (torch.full((3,), 0.3) + 0.9 * torch.full((3,), 0.3))
+    assert torch.allclose(answers[0][1]["anchor"][0], expected)
+    server.push(0, 8, delta(0.1))
+    answers = server.push(1, 8, delta(0.1))
+    m = 0.9 * 0.3 + 0.1
+    assert torch.allclose(answers[0][1]["anchor"][0], expected - 0.7 * (0.1 + 0.9 * m))
+
+
+def test_a_worker_pushing_twice_as_often_waits_exactly_when_it_would_exceed_staleness_1():
+    server = started(2, 1)
+    answered_fast, waits = 0, 0
+    for tick in range(1, 13):        # the fast worker (0) pushes every tick, the slow one (1) every other
+        pending_fast = any(p.rank == 0 for p in server.pending)
+        if not pending_fast:
+            before = server.version
+            answers = server.push(0, 4 * tick, delta(0.1))
+            if 0 not in [r for r, _ in answers]:
+                waits += 1
+                assert before + 1 - server.base[1] > 1      # it waits only where applying would exceed S
+        if tick % 2 == 0:
+            server.push(1, 4 * tick, delta(-0.1))
+    stalenesses = [r["staleness"] for r in server.records]
+    assert max(stalenesses) == 1 and waits > 0
+    assert all(0 <= s <= 1 for s in stalenesses)
+
+
+def test_parked_workers_are_not_waited_for_and_are_answered_together():
+    server = started(2, 1)
+    assert server.push(0, 4, delta(0.1), park=True) == []         # applied, then parked
+    assert server.version == 1
+    assert [r for r, _ in server.push(1, 2, delta(0.2))] == [1]    # not held back by the parked worker
+    assert server.version == 2 and server.records[-1]["staleness"] == 1
+    answers = server.push(1, 4, None, park=True)
+    assert sorted(r for r, _ in answers) == [0, 1]
+    assert answers[0][1]["version"] == server.version == 2 and server.base == [2, 2]
+
+
+def test_a_signal_announces_a_stop_at_the_next_boundary_no_worker_has_passed():
+    server = started(2, 1)
+    server.push(0, 8, delta(0.1))
+    answers = server.push(1, 4, delta(0.1), signal=15)
+    assert server.stop_at == 12 and all(a["stop_at"] == 12 for _, a in answers)
