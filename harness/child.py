@@ -37,7 +37,7 @@ __all__ = ["Context", "PeerFailed", "main"]
 
 class Context:
     """A child's side of the API: ``rank``, ``world_size``, ``device``, ``yield_``, ``receive``,
-    ``send``, ``print``, ``exchange``, and ``communicator`` for collectives. ``link_factory(server)``
+    ``send``, ``print``, ``exchange``, ``request``, and ``communicator`` for collectives. ``link_factory(server)``
     makes the link to the parent for the serve loop (harness/control/serve.py) this context holds."""
 
     def __init__(self, rank: int, world_size: int, gpu: str | None,
@@ -104,6 +104,12 @@ class Context:
             if self.rank not in ranks:
                 raise ValueError(f"ranks={ranks} leaves out this child (rank {self.rank}); only members exchange")
         return self._server.exchange(tag, ranks, value)
+
+    def request(self, service: str, payload: Any) -> Any:
+        """Ask the parent's ``service`` (registered with ``Children.serve``) and block until it answers; the
+        service may hold the answer back (the parameter server does, to bound staleness)."""
+        self._server.post("request", (service, payload))
+        return self._server.take("reply")
 
     def unique_tag(self, prefix: str) -> str:
         """prefix-0, prefix-1, ... counted afresh in each exec, so every rank that calls this in the

@@ -107,6 +107,11 @@ class Children:
         self._mail.forget_exchanges()
         self._send("exec", [(rank, call) for rank in range(len(self))])
 
+    def serve(self, name: str, handler: Callable[[int, Any], list[tuple[int, Any]]]) -> None:
+        """Answer ``ctx.request(name, payload)`` with ``handler(rank, payload)``: the (rank, answer) pairs due
+        now (none: the child waits). It runs on the parent's socket thread and must not block."""
+        self._mail.serve(name, handler)
+
     def join(self, msg: Any = None) -> list:
         """Wait until every child has called ``ctx.yield_``; hand each ``msg``; return the yielded values."""
         values = self._mail.take("yield")

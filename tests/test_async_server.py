@@ -2,8 +2,10 @@
 of Train.py that equal synchronous DiLoCo at S = 0, keep within S with a slow worker, and resume."""
 from __future__ import annotations
 
+import pytest
 import torch
 
+from harness import ChildError, Parent
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.server import ParameterServer
 
@@ -78,3 +80,24 @@ def test_a_signal_announces_a_stop_at_the_next_boundary_no_worker_has_passed():
     server.push(0, 8, delta(0.1))
     answers = server.push(1, 4, delta(0.1), signal=15)
     assert server.stop_at == 12 and all(a["stop_at"] == 12 for _, a in answers)
+
+
+def ask(ctx, service: str) -> object:
+    return ctx.request(service, ctx.rank * 10)
+
+
+def test_a_service_in_the_parent_may_hold_a_request_back_until_another_child_asks():
+    held: dict[int, int] = {}
+
+    def pair_up(rank: int, value: int) -> list[tuple[int, object]]:
+        held[rank] = value
+        return [(r, sum(held.values())) for r in sorted(held)] if len(held) == 2 else []
+
+    with Parent() as parent:
+        pair = parent.fork(2)
+        pair.serve("pair", pair_up)
+        pair.exec(ask, "pair")
+        assert pair.wait() == [10, 10]
+        pair.exec(ask, "nobody")
+        with pytest.raises(ChildError, match="no such service"):
+            pair.wait()

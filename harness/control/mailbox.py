@@ -7,13 +7,14 @@ what a failed exec left behind is never mistaken for the next one's. Yields and 
 child's inboxes until ``take`` hands them to ``join``/``receive``; a result or error becomes the
 child's outcome; an error is reported to the supervisor (harness/control/supervise.py). Exchanges
 (``ctx.exchange``, the communicators' rendezvous) meet here: once every member has sent its value,
-each gets them all.
+each gets them all. Requests (``ctx.request``) go to the service the group registered under their
+name (``serve``), which returns the answers now due, to this child or to others it held back.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .spawn import ChildProcess
 from .supervise import Supervisor
@@ -27,6 +28,12 @@ class Mailbox:
     def __init__(self, group: Supervisor):
         self._group = group
         self._exchanges: dict[str, tuple[list[int], dict[int, Any]]] = {}   # tag -> (ranks, values so far)
+        self._services: dict[str, Callable[[int, Any], list[tuple[int, Any]]]] = {}
+
+    def serve(self, name: str, handler: Callable[[int, Any], list[tuple[int, Any]]]) -> None:
+        """Answer the children's requests to ``name`` with ``handler(rank, payload)``, which returns the
+        (rank, answer) pairs due now; it runs on the thread that reads the socket, so it must not wait."""
+        self._services[name] = handler
 
     def take(self, box: str, ranks: Sequence[int] | None = None) -> list:
         """The next "yield" or "data" of each child of ``ranks`` (default: all), in that order,
@@ -74,6 +81,23 @@ class Mailbox:
             child.outcome = (ident, kind, payload)
         elif kind == "exchange":
             self._exchange(child, ident, payload)
+        elif kind == "request" and ident == group.exec_id:
+            self._request(child, ident, payload)
+
+    def _request(self, child: ChildProcess, exec_id: int, payload: tuple[str, Any]) -> None:
+        name, value = payload
+        handler = self._services.get(name)
+        if handler is None:
+            self._group.record_error(child, f"ctx.request({name!r}): no such service; the parent serves "
+                                            f"{sorted(self._services)} (register one with Children.serve)", still_running=True)
+            return
+        try:
+            answers = handler(child.rank, value)
+        except Exception as error:      # the service's refusal is this child's error, not the parent's crash
+            self._group.record_error(child, f"ctx.request({name!r}) failed in the parent: {error}", still_running=True)
+            return
+        for rank, answer in answers:
+            self._group.send_if_alive(self._group.children[rank], ("reply", exec_id, answer))
 
     def _exchange(self, child: ChildProcess, tag: str, payload: tuple[list[int] | None, Any]) -> None:
         children = self._group.children

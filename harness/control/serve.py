@@ -9,12 +9,13 @@ runs each exec and reports its outcome. The verbs' blocking waits (``take``, ``e
 
 The wire protocol (each message is (kind, id, payload), signed: harness/control/wire.py):
 parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
-("exchange", tag, values), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
+("exchange", tag, values), ("reply", id, answer), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
 to remote children also ("heartbeat", None, None) and ("signal", None, signum); to a warm spare
 ("assume", None, {"rank", "generation", "gpu"}), which makes it the replacement of that rank.
 Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,
 ("heartbeat", None, None), ("print", id, text),
-("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("result", id, value),
+("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("request", id, (service, payload)),
+("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
 rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
 Either side turns an authentic message it cannot decode into an error for the current exec.
@@ -60,7 +61,7 @@ class Server:
 
     def __init__(self, ctx: Any, link_factory: Callable[["Server"], Any]):
         self.ctx = ctx
-        self.inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("exec", "data", "join")}
+        self.inbox: dict[str, collections.deque] = {k: collections.deque() for k in ("exec", "data", "join", "reply")}
         self.exchanges: dict[str, list] = {}
         self.abort_hooks: list[Callable[[str], None]] = []
         self.owned: list[Any] = []          # closed when the current function returns
@@ -88,7 +89,7 @@ class Server:
             tracker.wait()    # the caller may reuse the object's memory once this returns
 
     def take(self, kind: str) -> Any:
-        """The next "data" or "join" from the parent; PeerFailed if the exec is aborted meanwhile."""
+        """The next "data", "join" or "reply" from the parent; PeerFailed if the exec is aborted meanwhile."""
         box = self.inbox[kind]
 
         def ready():
@@ -205,6 +206,7 @@ class Server:
         fn, args, kwargs = call
         self.exec_id, self.aborted, self.tags = exec_id, self._aborts.pop(exec_id, None), {}
         self.inbox["join"].clear()
+        self.inbox["reply"].clear()
         self._running = True
         try:
             outcome = ("result", fn(self.ctx, *args, **kwargs))
