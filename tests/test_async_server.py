@@ -8,6 +8,8 @@ import torch
 from harness import ChildError, Parent
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.server import ParameterServer
+from harness.training.metrics import read_metrics
+from tests.helpers.training import flat_params, run_train
 
 
 def started(workers: int, staleness: int, kind: str = "nesterov") -> ParameterServer:
@@ -101,3 +103,19 @@ def test_a_service_in_the_parent_may_hold_a_request_back_until_another_child_ask
         pair.exec(ask, "nobody")
         with pytest.raises(ChildError, match="no such service"):
             pair.wait()
+
+
+SERVED = ["--avg-every", "8", "--outer-optimizer", "nesterov", "--optimizer", "adamw", "--lr", "1e-3",
+          "--batch-size", "8"]
+
+
+def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp_path):
+    results, served = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "40",
+                                name="async")
+    _, synchronous = run_train(tmp_path, "--mode", "param", *SERVED, "--max-steps", "40", name="sync")
+    assert torch.equal(flat_params(served), flat_params(synchronous))
+    assert len({r["checksum"] for r in results}) == 1          # every worker ends on the server's anchor
+    syncs = [r for r in read_metrics(tmp_path / "async" / "metrics.jsonl") if r["event"] == "outer_sync"]
+    assert [(r["step"], r["rank"], r["staleness"]) for r in syncs] == [(s, rank, 0) for s in range(8, 41, 8)
+                                                                       for rank in (0, 1)]
+    assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 for r in syncs)

@@ -22,11 +22,12 @@ not waited for (rules 1 and 2 skip them). Then all of them get the same anchor a
 A stop (a worker's push reports a signal) is announced in every answer as ``stop_at``: the next K
 boundary after the furthest update any worker has pushed, which no worker has passed yet.
 
-Pure and synchronous: the parent calls ``join``/``push`` from its mailbox (harness/training/serving.py)
-and sends the answers they return; tests call them directly.
+Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
+runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,8 @@ class ParameterServer:
         self.joined: dict[int, dict | None] = {}
         self.furthest = 0               # the furthest update any worker has pushed
         self.stop_at: int | None = None
-        self.records: list[dict] = []
+        self.stop_why = 0               # the signal that stops the run, or -1: a worker's loss was not finite
+        self.records: collections.deque[dict] = collections.deque()    # appended here, drained by the main thread
 
     def join(self, rank: int, state: dict | None) -> list[Answer]:
         """A worker's start: rank 0 brings the state to serve (``{"anchor", "momentum", "version"}``: its
@@ -89,13 +91,13 @@ class ParameterServer:
 
     def push(self, rank: int, step: int, delta: list[torch.Tensor] | None, park: bool = False,
              signal: int = 0) -> list[Answer]:
-        """Worker ``rank``'s push after update ``step`` (``signal``: the SIGINT/SIGTERM it received, 0 if
-        none); returns the answers now due, to this worker or to others that waited."""
+        """Worker ``rank``'s push after update ``step`` (``signal``: the SIGINT/SIGTERM it received, -1 if its
+        loss was not finite, 0 if neither); returns the answers now due, to this worker or to others that waited."""
         if any(p.rank == rank for p in self.pending) or rank in self.parked:
             raise RuntimeError(f"worker {rank} pushed at update {step} while its previous push is unanswered")
         self.furthest = max(self.furthest, step)
         if signal and self.stop_at is None:
-            self.stop_at = (self.furthest // self.every + 1) * self.every
+            self.stop_at, self.stop_why = (self.furthest // self.every + 1) * self.every, signal
         if delta is None:
             self.parked.add(rank)
         else:
@@ -151,7 +153,22 @@ class ParameterServer:
     def _reply(self, rank: int, with_state: bool = False) -> dict[str, Any]:
         """The anchor and version (a copy: the server goes on updating its own); with the momentum for the
         worker that writes checkpoints, at a consistent point."""
-        reply = {"anchor": [t.clone() for t in self.anchor], "version": self.version, "stop_at": self.stop_at}
+        reply = {"anchor": [t.clone() for t in self.anchor], "version": self.version, "stop_at": self.stop_at,
+                 "stop_why": self.stop_why}
         if with_state:
             reply["momentum"] = [t.clone() for t in self.momentum] if self.momentum is not None else None
         return reply
+
+    def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
+        """``ctx.request("server", request)`` in the parent (``Children.serve``): ("join", state) or
+        ("push", {"step", "delta", "park", "signal"})."""
+        kind, body = request
+        if kind == "join":
+            return self.join(rank, body)
+        if kind == "push":
+            return self.push(rank, **body)
+        raise ValueError(f"request {kind!r}: the parameter server answers join and push")
+
+    def drain(self) -> list[dict]:
+        """The outer_sync records applied since the last drain (the parent's main thread writes them)."""
+        return [self.records.popleft() for _ in range(len(self.records))]

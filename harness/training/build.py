@@ -10,9 +10,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from harness.collectives.async_worker import AsyncSynchroniser
 from harness.collectives.flat import FlatParameters
 from harness.collectives.compress import make_codec
 from harness.collectives.outer import OuterOptimizer, OuterSynchroniser
+from harness.collectives.server import ParameterServer
 from harness.collectives.shards import Replica, ShardedGradients, ShardLayout
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 from harness.data.batch import Batch, call_model
@@ -60,22 +62,36 @@ def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractCo
     return contextlib.nullcontext()
 
 
+def outer_optimizer(config: TrainConfig) -> OuterOptimizer:
+    """--outer-optimizer with its defaults: lr 0.7 and momentum 0.9 for nesterov (DiLoCo's), lr 1 for average."""
+    nesterov = config.outer_optimizer == "nesterov"
+    return OuterOptimizer(config.outer_optimizer, config.outer_lr or (0.7 if nesterov else 1.0),
+                          config.outer_momentum if config.outer_momentum is not None else (0.9 if nesterov else 0.0))
+
+
+def make_server(config: TrainConfig) -> ParameterServer:
+    """--mode async's parameter server, which the parent runs (harness/collectives/server.py)."""
+    return ParameterServer(config.workers, outer_optimizer(config), config.avg_every, config.max_staleness)
+
+
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                       optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None,
-                      report: Callable[[dict], None] | None = None, replica: Replica | None = None) -> Synchroniser:
+                      report: Callable[[dict], None] | None = None, replica: Replica | None = None,
+                      ctx: Any = None, served: dict | None = None) -> Synchroniser:
     """A world of one has nothing to average: the base Synchroniser does nothing (no gradient hooks,
     no collectives), so one worker steps as a plain loop does; except with --zero, whose optimizer
     updates ``shards`` (then a world of one runs the sharded path, one piece a bucket), and param mode's
     outer optimizer (DiLoCo's outer momentum works on one worker too). ``report``: rank 0's outer_sync records;
-    ``replica``: --zero's copy of the previous rank's shard, when the group heals in place."""
+    ``replica``: --zero's copy of the previous rank's shard, when the group heals in place; ``ctx`` and
+    ``served`` (a checkpoint's server state): --mode async's worker, which talks to the parent's server."""
+    if config.mode == "async":
+        return AsyncSynchroniser(flat, config.avg_every, ctx.rank, lambda payload: ctx.request("server", payload),
+                                 lambda: ctx.interrupted, served)
     if shards is not None:
         return ShardedGradients(comm, flat, shards, config.zero, replica)
     if config.outer:
-        nesterov = config.outer_optimizer == "nesterov"
-        outer = OuterOptimizer(config.outer_optimizer, config.outer_lr or (0.7 if nesterov else 1.0),
-                               config.outer_momentum if config.outer_momentum is not None else (0.9 if nesterov else 0.0))
-        return OuterSynchroniser(comm, flat, config.avg_every, outer, make_codec(config.outer_dtype), config.fragments,
-                                 config.outer_delay, report)
+        return OuterSynchroniser(comm, flat, config.avg_every, outer_optimizer(config), make_codec(config.outer_dtype),
+                                 config.fragments, config.outer_delay, report)
     if comm.size == 1:
         return Synchroniser(comm, flat)
     if config.mode == "param":

@@ -50,7 +50,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "zero": (lambda v: v in (0, 1, 2), "must be 0, 1 or 2"),
     "outer_lr": (lambda v: 0 < v <= 10, "must be in (0, 10]"),
     "outer_momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "fragments": AT_LEAST_ONE, "outer_delay": NOT_NEGATIVE,
+    "fragments": AT_LEAST_ONE, "outer_delay": NOT_NEGATIVE, "max_staleness": NOT_NEGATIVE,
     "outer_optimizer": (lambda v: v in ("average", "nesterov"), "must be average or nesterov"),
     "outer_dtype": (lambda v: v in ("fp32", "bf16", "fp16", "int8"), "must be fp32, bf16, fp16 or int8"),
 }
@@ -249,6 +249,7 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
                           f"from the device; use a fused optimizer (sgd, adam, adamw, adagrad) or drop one of them")
     check_zero(config)
     check_outer(config)
+    check_async(config, gpus)
     if config.amp == "fp16" and not fused:
         impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
         raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
@@ -269,7 +270,7 @@ def check_zero(config: TrainConfig) -> None:
     """--zero shards grad mode's buckets over the workers, one worker a GPU."""
     if not config.zero:
         return
-    clash = ("--mode param" if config.mode == "param" else
+    clash = (f"--mode {config.mode}" if config.mode in ("param", "async") else
              f"--workers-per-gpu {config.workers_per_gpu}" if config.workers_per_gpu > 1 else
              "--grad-sync flat" if config.grad_sync == "flat" else
              "--reduce-dtype bf16" if config.reduce_dtype == "bf16" else None)
@@ -283,9 +284,9 @@ def check_outer(config: TrainConfig) -> None:
     given = [f"--{name.replace('_', '-')}" for name in ("outer_optimizer", "outer_lr", "outer_momentum", "fragments",
                                                          "outer_delay", "outer_dtype")
              if getattr(config, name) != getattr(TrainConfig, name)]
-    if given and config.mode != "param":
-        raise ConfigError(f"{', '.join(given)} set what --mode param does every --avg-every updates; add --mode param "
-                          "or drop them")
+    if given and config.mode not in ("param", "async"):
+        raise ConfigError(f"{', '.join(given)} set what --mode param (or async) does every --avg-every updates; add "
+                          "--mode param or drop them")
     if config.outer_momentum is not None and config.outer_optimizer != "nesterov":
         raise ConfigError(f"--outer-momentum {config.outer_momentum} is nesterov's; add --outer-optimizer nesterov")
     if config.fragments > config.avg_every:
@@ -294,6 +295,24 @@ def check_outer(config: TrainConfig) -> None:
     if config.outer_delay and config.outer_delay >= config.avg_every // config.fragments:
         raise ConfigError(f"--outer-delay {config.outer_delay} must be under --avg-every / --fragments "
                           f"({config.avg_every} / {config.fragments}), so a fragment's exchange lands before its next")
+
+
+def check_async(config: TrainConfig, gpus: list[int]) -> None:
+    """--mode async (harness/collectives/server.py) pushes whole fp32 pseudo-gradients to the parent's server,
+    and its workers share no collective: what needs one, or is untested there, is refused."""
+    if config.mode != "async":
+        if config.max_staleness != TrainConfig.max_staleness:
+            raise ConfigError(f"--max-staleness {config.max_staleness} bounds --mode async's server; add --mode async "
+                              "or drop it")
+        return
+    clash = ("--fragments" if config.fragments > 1 else "--outer-delay" if config.outer_delay else
+             f"--outer-dtype {config.outer_dtype}" if config.outer_dtype != "fp32" else
+             "--avg-optimizer-state" if config.avg_optimizer_state else
+             "--patience" if config.patience else "--target-error" if config.target_error is not None else
+             "GPU workers" if gpus else None)
+    if clash:
+        raise ConfigError(f"--mode async does not support {clash} yet (each worker stops on its own there, or it is "
+                          f"untested); drop it, or use --mode param --outer-optimizer nesterov")
 
 
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:

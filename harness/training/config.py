@@ -52,7 +52,8 @@ class TrainConfig:
     heartbeat_timeout: float = 30.0     # seconds of silence before a worker counts as hung
     cluster: str = "auto"               # the engine that started this process: auto-detected, none, or its name
     # -- synchronisation
-    mode: str = "grad"                  # grad: average gradients every update; param: parameters
+    mode: str = "grad"                  # grad: average gradients every update; param: parameters; async: a server's
+    max_staleness: int = 1              # async mode: how many server versions a worker may fall behind
     avg_every: int = 1                  # param mode: average every K updates
     avg_optimizer_state: bool = False   # param mode: average momentum/Adam state too
     outer_optimizer: str = "average"    # param mode: average (outer SGD at lr 1) or nesterov (DiLoCo)
@@ -113,7 +114,7 @@ class TrainConfig:
     def outer(self) -> bool:
         """Whether param mode runs the outer optimizer (harness/collectives/outer.py) rather than plain
         averaging (harness/collectives/sync.py's ParameterAveraging, which heals in place)."""
-        return self.mode == "param" and (self.outer_optimizer != "average" or self.fragments > 1 or self.outer_delay > 0
+        return self.mode == "async" or self.mode == "param" and (self.outer_optimizer != "average" or self.fragments > 1 or self.outer_delay > 0
                                          or self.outer_dtype != "fp32" or self.outer_lr not in (None, 1.0))
 
     def to_dict(self) -> dict[str, Any]:

@@ -166,8 +166,13 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
 def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Interrupts | None,
               progress: Progress, recovery: Recovery) -> list[dict]:
     """One group of workers from start (or ``config.resume``) to the end of the run, healed in
-    place when a worker dies, if it may be; otherwise the failure ends the group (stopped)."""
+    place when a worker dies, if it may be; otherwise the failure ends the group (stopped). --mode async:
+    the parent serves the parameter server (its outer_sync records logged as rank 0's records come)."""
+    from harness.training.build import make_server
     from harness.training.loop import train_worker
+    server = make_server(config) if config.mode == "async" else None
+    if server is not None:
+        kids.serve("server", server.handle)
     if interrupts is not None:
         interrupts.watch(kids)
     kids.watch_silence(progress.silent)
@@ -183,6 +188,8 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
             progress.handle(record)
+            for applied in server.drain() if server is not None else ():
+                progress.handle(applied)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
             if record["event"] == "done":

@@ -77,9 +77,14 @@ def _workers(a: Callable[..., Any]) -> None:
 
 
 def _synchronisation(a: Callable[..., Any]) -> None:
-    a("--mode", choices=("grad", "param"),
-      help="grad: average gradients every update (default); param: average parameters every --avg-every updates")
-    a("--avg-every", type=int, help="param mode: average parameters every K updates (default 1)")
+    a("--mode", choices=("grad", "param", "async"),
+      help="grad: average gradients every update (default); param: average parameters every --avg-every updates; "
+           "async: push each worker's change to a parameter server in the parent every --avg-every updates, without "
+           "waiting for the others (for hosts of unequal speed)")
+    a("--max-staleness", type=int, metavar="S",
+      help="async mode: a worker waits rather than leave another more than S server versions behind (default 1; "
+           "0 is synchronous DiLoCo, bit for bit)")
+    a("--avg-every", type=int, help="param and async modes: sync every K updates (default 1)")
     a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
     a("--outer-optimizer", choices=("average", "nesterov"),
       help="param mode: what every --avg-every K updates do with the averaged pseudo-gradient (the parameters' change "

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from harness.collectives import ncclstop
+from harness.collectives.async_worker import ServerVote, Solo
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import Replica, ShardLayout
 from harness.control import timeline
@@ -121,7 +122,8 @@ class Worker:
         compute = model_loss(self.model, self.loss)
         self.compute = torch.compile(compute) if config.compile else compute
         timeline.mark(self.marks, "model")
-        self.comm = ctx.communicator()
+        # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
+        self.comm = Solo() if config.mode == "async" else ctx.communicator()
         timeline.mark(self.marks, "communicator")
         self.saved_ranks = saved.get("ranks") if saved else None
         if saved:
@@ -184,12 +186,14 @@ class Worker:
         GPU workers that heal guard each update with a ticket, harness/resilience/heal.py, and graph their
         step only where NCCL can revoke a communicator, harness/collectives/ncclstop.py)."""
         config = self.config
+        # each rank's own part of the checkpoint (param mode's outer optimizer; async mode's server state on rank 0)
+        mine = self.saved_ranks[self.rank % len(self.saved_ranks)] if start and self.saved_ranks else None
         self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards,
-                                      report=self.ctx.send if self.lead else None, replica=self.replica)
+                                      report=self.ctx.send if self.lead else None, replica=self.replica,
+                                      ctx=self.ctx, served=mine.get("server") if mine else None)
         if start:
             self.sync.start()
-        if start and self.saved_ranks:      # each rank's own part of the checkpoint (param mode's outer optimizer)
-            mine = self.saved_ranks[self.rank % len(self.saved_ranks)]
+        if mine:
             self.sync.load_state_dict(mine)
             load_optimizer_state(self.optimizer, mine["optimizer"])
         ticket = Ticket(self.comm, self.optimizers(), self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
@@ -201,7 +205,7 @@ class Worker:
             if self.lead:
                 self.ctx.print("CUDA graph: the dataset's collate_fn may make batches of other shapes, which a "
                                "graph cannot replay; running eagerly")
-        self.vote = StopVote(self.ctx, self.comm, self.device)
+        self.vote = ServerVote(self.sync) if config.mode == "async" else StopVote(self.ctx, self.comm, self.device)
         self.train_step = make_step(
             self.model, self.compute, self.optimizer, self.flat, self.sync, lambda: autocast(config, self.device), graph,
             example=self.example, say=lambda message: self.ctx.print(message) if self.lead else None,
