@@ -9,6 +9,7 @@ from harness import ChildError, Parent
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.server import ParameterServer
 from harness.training.metrics import read_metrics
+from tests.helpers import slow_model
 from tests.helpers.training import flat_params, run_train
 
 
@@ -119,3 +120,13 @@ def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp
     assert [(r["step"], r["rank"], r["staleness"]) for r in syncs] == [(s, rank, 0) for s in range(8, 41, 8)
                                                                        for rank in (0, 1)]
     assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 for r in syncs)
+
+
+def test_with_one_worker_slowed_no_push_is_applied_more_than_s_versions_stale(tmp_path):
+    slowed = ["--model", slow_model.SPEC, "--model-options", '{"delay": 0.05, "rank": 1}']
+    run_train(tmp_path, "--mode", "async", "--max-staleness", "1", *SERVED[:1], "2", *SERVED[2:], *slowed,
+              "--max-steps", "30", name="uneven")
+    syncs = [r for r in read_metrics(tmp_path / "uneven" / "metrics.jsonl") if r["event"] == "outer_sync"]
+    assert max(r["staleness"] for r in syncs) == 1 and min(r["staleness"] for r in syncs) == 0
+    fast = [r["step"] for r in syncs if r["rank"] == 0]
+    assert fast == list(range(2, 31, 2))            # the fast worker's every push was applied, once

@@ -114,10 +114,11 @@ def handed_out(loaded: Iterable[tuple[Any, list[dict]]], move: Callable[[Iterato
 class Tally:
     """The run's bad samples on one rank: ``add`` what this rank met, ``after_update`` each update (it
     gathers every rank's every EXCHANGE_EVERY updates), ``gather`` at the run's end, ``check`` once
-    the stop is saved. ``limit``: the distinct bad samples a run may skip."""
+    the stop is saved. ``limit``: the distinct bad samples a run may skip. ``alone``: this rank counts
+    only its own and gathers with nobody (--mode async, whose workers must never wait for each other)."""
 
-    def __init__(self, ctx: Any, limit: int):
-        self.ctx, self.limit = ctx, limit
+    def __init__(self, ctx: Any, limit: int, alone: bool = False):
+        self.ctx, self.limit, self.alone = ctx, limit, alone
         self.mine: list[dict] = []                   # met on this rank since the last gathering
         self.distinct: dict[tuple, dict] = {}        # every rank's, each sample once
 
@@ -139,14 +140,14 @@ class Tally:
         """Every rank's failures since the last gathering (every rank calls this at the same update,
         ``step``); rank 0 logs each. Returns why the run must stop, or None."""
         mine, self.mine = self.mine, []
-        if self.ctx.world_size == 1:
+        if self.ctx.world_size == 1 or self.alone:
             every = [mine]
         else:
             every = self.ctx.exchange(self.ctx.unique_tag("bad-samples"), mine)
-        for rank, failures in enumerate(every):
+        for rank, failures in enumerate(every) if not self.alone else [(self.ctx.rank, mine)]:
             for failure in failures:
                 self.distinct.setdefault(_key(failure), failure)
-                if self.ctx.rank == 0:
+                if self.ctx.rank == 0:      # (alone: rank 0 logs its own only)
                     self.ctx.send({"event": "bad_sample", "step": step, "rank": rank, **failure})
                     self.ctx.print(f"skipped a bad sample (update {failure['update']}): {where(failure)}: "
                                    f"{failure['error']}")

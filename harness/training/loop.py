@@ -103,7 +103,8 @@ class Worker:
         self.state = RunState(saved["epoch"], saved["step"], saved.get("position", 0),
                               *saved.get("early_stop", (math.inf, 0)), saved_at=saved["step"]) if saved else RunState()
         self.batches = make_batches(self.data.train, config, self.rank, self.world, self.device)
-        self.bad = Tally(ctx, config.max_bad_samples)      # samples that failed to load: logged, counted
+        # samples that failed to load: logged, counted (async mode: by each rank alone, no exchange to wait in)
+        self.bad = Tally(ctx, config.max_bad_samples, alone=config.mode == "async")
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted

@@ -3,6 +3,7 @@ tests of signals, restarts and healing, and the heal soak. Train.py takes it as 
 (its workers import it from the checkout, which is on their ``sys.path``)."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -29,5 +30,8 @@ class Slow(torch.nn.Linear):
         return super().forward(x.flatten(1))
 
 
-def model(info, delay: float = 0.25, ballast: int = 0) -> Slow:
-    return Slow(64, info.num_classes, delay, ballast)
+def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None) -> Slow:
+    """``rank``: only that worker is slow (a host of unequal speed, for --mode async); the others take no delay."""
+    mine = os.environ.get("HARNESS_RANK")
+    slow = rank is None or mine is not None and int(mine) == rank
+    return Slow(64, info.num_classes, delay if slow else 0.0, ballast)
