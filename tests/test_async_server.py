@@ -2,14 +2,18 @@
 of Train.py that equal synchronous DiLoCo at S = 0, keep within S with a slow worker, and resume."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
 from harness import ChildError, Parent
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.server import ParameterServer
+from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
+from tests.helpers.runs import interrupt
 from tests.helpers.training import flat_params, run_train
 
 
@@ -130,3 +134,15 @@ def test_with_one_worker_slowed_no_push_is_applied_more_than_s_versions_stale(tm
     assert max(r["staleness"] for r in syncs) == 1 and min(r["staleness"] for r in syncs) == 0
     fast = [r["step"] for r in syncs if r["rank"] == 0]
     assert fast == list(range(2, 31, 2))            # the fast worker's every push was applied, once
+
+
+def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_for_bit(tmp_path):
+    """Every worker stops at the update the server announced (a multiple of K), parks, and rank 0 saves
+    the server's anchor, momentum and version with every rank's own state."""
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "200"]
+    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
+    saved = load_checkpoint(checkpoint)
+    assert step % 8 == 0 and saved["ranks"][0]["server"]["version"] == step // 8
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
+    assert torch.equal(flat_params(straight), flat_params(resumed))
