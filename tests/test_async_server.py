@@ -14,7 +14,7 @@ from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
 from tests.helpers.runs import interrupt
-from tests.helpers.training import flat_params, run_train
+from tests.helpers.training import flat_params, run_train, train_error
 
 
 def started(workers: int, staleness: int, kind: str = "nesterov") -> ParameterServer:
@@ -146,3 +146,15 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
     _, straight = run_train(tmp_path, *flags, name="straight")
     _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
     assert torch.equal(flat_params(straight), flat_params(resumed))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-staleness", "2"], "add --mode async"),
+    (["--mode", "async", "--max-staleness", "-1"], "--max-staleness"),
+    (["--mode", "async", "--avg-every", "8", "--fragments", "2"], "--mode async does not support --fragments"),
+    (["--mode", "async", "--outer-dtype", "int8"], "--mode async does not support --outer-dtype int8"),
+    (["--mode", "async", "--patience", "3"], "--mode async does not support --patience"),
+    (["--mode", "async", "--zero", "1"], "--zero 1 shards"),
+])
+def test_what_async_mode_cannot_do_is_refused_in_one_line(flags, message, monkeypatch, capsys):
+    assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
