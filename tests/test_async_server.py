@@ -55,7 +55,7 @@ def test_the_averaged_step_is_the_hand_computed_nesterov_update():
 
 def test_a_worker_pushing_twice_as_often_waits_exactly_when_it_would_exceed_staleness_1():
     server = started(2, 1)
-    answered_fast, waits = 0, 0
+    waits = 0
     for tick in range(1, 13):        # the fast worker (0) pushes every tick, the slow one (1) every other
         pending_fast = any(p.rank == 0 for p in server.pending)
         if not pending_fast:

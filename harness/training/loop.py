@@ -4,7 +4,8 @@ Each rank builds the same model from the same seed, trains on its shard (positio
 of one seeded permutation per epoch, so N workers with batch b see exactly the samples one
 worker with batch N*b would), and keeps in step through a Synchroniser. Rank 0 reports
 progress to the parent with ``ctx.send`` and writes checkpoints; validation and the epoch's
-loss are reduced over all ranks, so every rank takes the same early-stopping decision.
+loss are reduced over all ranks, so every rank takes the same early-stopping decision (--mode async:
+each rank alone, and the parent's parameter server decides the stop: harness/collectives/async_worker.py).
 
 A run lasts ``epochs`` or ``max_steps`` updates and may be saved every N steps, mid-epoch.
 A checkpoint records (epoch, step, position in the epoch) and every rank's random generators, so
