@@ -2,6 +2,7 @@
 of Train.py that equal synchronous DiLoCo at S = 0, keep within S with a slow worker, and resume."""
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -14,7 +15,7 @@ from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
 from tests.helpers.runs import interrupt
-from tests.helpers.training import flat_params, run_train, train_error
+from tests.helpers.training import cli, flat_params, run_train, train_error
 
 
 def started(workers: int, staleness: int, kind: str = "nesterov") -> ParameterServer:
@@ -146,6 +147,9 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
     _, straight = run_train(tmp_path, *flags, name="straight")
     _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
     assert torch.equal(flat_params(straight), flat_params(resumed))
+    tested = cli("Test.py", "--checkpoint", str(resumed), "--json")        # its model is the server's anchor
+    assert tested.returncode == 0, tested.stderr
+    assert json.loads(tested.stdout.strip().splitlines()[-1])["accuracy"] > 0.5
 
 
 @pytest.mark.parametrize("flags, message", [
