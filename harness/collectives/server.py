@@ -133,8 +133,8 @@ class ParameterServer:
             for t, d in zip(total, push.delta):
                 t.add_(d)
         momentum = self.momentum or [None] * len(self.anchor)
-        for anchor, t, m in zip(self.anchor, total, momentum):
-            self.outer.step(anchor, t.div_(len(batch)).to(anchor.dtype), m)
+        for anchor, t, m in zip(self.anchor, total, momentum):     # each push is its 1/N share of a round
+            self.outer.step(anchor, t.div_(self.workers).to(anchor.dtype), m)
         before, self.version = self.version, self.version + 1
         answers = []
         now = time.monotonic()
