@@ -14,12 +14,13 @@ everyone answered with the same anchor; a barrier).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from .base import Communicator, Work
 from .flat import FlatParameters
+from .outer import anchored, host
 from .sync import Synchroniser
 
 
@@ -47,10 +48,6 @@ class Solo(Communicator):
 
     def _close(self) -> None:
         pass
-
-
-def host(tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
-    return None if tensors is None else [t.detach().cpu().clone() for t in tensors]
 
 
 class AsyncSynchroniser(Synchroniser):
@@ -115,17 +112,9 @@ class AsyncSynchroniser(Synchroniser):
         loss was not finite), else 0."""
         return self.stop_why if self.stop_at is not None and step >= self.stop_at else 0
 
-    @contextlib.contextmanager
-    def global_weights(self) -> Iterator[None]:
+    def global_weights(self) -> contextlib.AbstractContextManager:
         """The anchor last pulled in the model's parameters, for evaluation or a checkpoint; then back."""
-        local = [p.clone() for p in self.flat.params]
-        for param, anchor in zip(self.flat.params, self.anchor):
-            param.copy_(anchor)
-        try:
-            yield
-        finally:
-            for param, mine in zip(self.flat.params, local):
-                param.copy_(mine)
+        return anchored(self.flat, self.anchor)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's part of a checkpoint, taken at a consistent point (parameters = anchor); rank 0's

@@ -71,6 +71,24 @@ class _Exchange:
         return self.result
 
 
+def host(tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    """Copies of ``tensors`` on the host, as a checkpoint keeps them (None stays None)."""
+    return None if tensors is None else [t.detach().cpu().clone() for t in tensors]
+
+
+@contextlib.contextmanager
+def anchored(flat: FlatParameters, anchor: list[torch.Tensor]) -> Iterator[None]:
+    """``anchor`` in the flat parameters for the block (the model the run agrees on), then this rank's own back."""
+    local = [p.clone() for p in flat.params]
+    for param, value in zip(flat.params, anchor):
+        param.copy_(value)
+    try:
+        yield
+    finally:
+        for param, mine in zip(flat.params, local):
+            param.copy_(mine)
+
+
 def fragment_slices(sizes: list[int], fragments: int) -> list[list[tuple[int, int, int]]]:
     """For each fragment, its (buffer, start, stop) in each of the buffers of ``sizes``: slice f of F
     near-equal slices of every buffer."""
@@ -166,21 +184,12 @@ class OuterSynchroniser(Synchroniser):
             self.report({"event": "outer_sync", "step": step, "launched": exchange.launched, "fragment": fragment,
                          "blocked_s": blocked, "bytes": exchange.nbytes, "staleness": 0})
 
-    @contextlib.contextmanager
-    def global_weights(self) -> Iterator[None]:
+    def global_weights(self) -> contextlib.AbstractContextManager:
         """The anchor in the model's parameters, for evaluation or a checkpoint's model; then back."""
-        local = [p.clone() for p in self.flat.params]
-        for param, anchor in zip(self.flat.params, self.anchor):
-            param.copy_(anchor)
-        try:
-            yield
-        finally:
-            for param, mine in zip(self.flat.params, local):
-                param.copy_(mine)
+        return anchored(self.flat, self.anchor)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's part of a checkpoint, on the host (exchanges in flight waited for, not applied)."""
-        host = lambda ts: [t.detach().cpu().clone() for t in ts] if ts is not None else None
         return {"params": host(self.flat.params), "anchor": host(self.anchor), "momentum": host(self.momentum),
                 "residual": host(self.residual),
                 "pending": [(e.fragment, e.launched, e.apply_at, e.average().cpu(), host(e.snapshot), e.nbytes)
