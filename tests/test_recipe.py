@@ -80,11 +80,18 @@ def test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_com
     assert (bucketed - flat).norm() <= 1e-6 * flat.norm()
 
 
-def test_a_compiled_model_in_param_mode_trains_as_the_eager_one(tmp_path):
-    common = ["--max-steps", "30", "--mode", "param", "--avg-every", "3", "--batch-size", "8", "--seed", "1"]
+def test_a_compiled_model_in_param_mode_trains_and_validates_as_the_eager_one(tmp_path):
+    """--compile compiles the step and, in a graph of its own, validation: both end where eager ones do."""
+    common = ["--max-steps", "30", "--mode", "param", "--avg-every", "3", "--batch-size", "8", "--seed", "1",
+              "--validate-every", "15"]
     _, eager = run_train(tmp_path, *common, name="eager")
     _, compiled = run_train(tmp_path, *common, "--compile", name="compiled")
     assert (flat_params(compiled) - flat_params(eager)).norm() <= 1e-5 * flat_params(eager).norm()
+    validations = {name: [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["event"] == "validation"]
+                   for name in ("eager", "compiled")}
+    assert [r["step"] for r in validations["compiled"]] == [15, 30]
+    for key in ("val_loss", "val_error"):
+        assert [r[key] for r in validations["compiled"]] == pytest.approx([r[key] for r in validations["eager"]], rel=1e-5)
 
 
 def test_schedules_warm_up_then_decay_to_the_minimum():

@@ -119,3 +119,13 @@ def model_loss(model: torch.nn.Module, loss: Loss) -> Callable[[Batch], torch.Te
     def compute(batch: Batch) -> torch.Tensor:
         return loss(call_model(model, batch), batch)
     return compute
+
+
+def model_output_loss(model: torch.nn.Module, loss: Loss) -> Callable[[Batch], tuple[Any, torch.Tensor]]:
+    """``batch -> (the model's output, its loss)``: what validation calls. --compile compiles it too (a graph
+    of its own: no gradients, eval mode), so that validating a language model does not hold its logits in
+    float32 either; eagerly, that is the largest allocation of a run whose step is graphed."""
+    def forward(batch: Batch) -> tuple[Any, torch.Tensor]:
+        out = call_model(model, batch)
+        return out, loss(out, batch)
+    return forward

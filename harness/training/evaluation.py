@@ -13,24 +13,25 @@ import torch
 
 from harness.data.batch import Batch, call_model, is_pair, samples
 from harness.training.config import TrainConfig
-from harness.training.losses import Loss, logits_of, make_loss
+from harness.training.losses import logits_of, make_loss
 
 MAX_CONFUSION_CLASSES = 1000      # beyond this (a language model's vocabulary) count hits only
 EXAMPLES = 8                      # test samples shown with the model's prediction
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch], autocast: Callable[[], contextlib.AbstractContextManager],
-             loss: Loss) -> tuple[float, float, float, float]:
-    """(summed loss, correct predictions, predictions counted, samples) over the batches. Predictions are
+def evaluate(model: torch.nn.Module, forward: Callable[[Batch], tuple[Any, torch.Tensor]], batches: Iterable[Batch],
+             autocast: Callable[[], contextlib.AbstractContextManager]) -> tuple[float, float, float, float]:
+    """(summed loss, correct predictions, predictions counted, samples) over the batches, ``forward`` giving
+    ``model``'s (output, loss) on a batch (harness/training/build.py: model_output_loss). Predictions are
     counted only where they mean something: an (x, y) pair whose model returns logits shaped like ``y``."""
     was_training = model.training
     model.eval()
     loss_sum = correct = count = seen = 0.0
     for batch in batches:
         with autocast():
-            out = call_model(model, batch)
-            loss_sum += loss(out, batch).item() * samples(batch)
+            out, loss = forward(batch)
+            loss_sum += loss.item() * samples(batch)
         seen += samples(batch)
         hits = _hits(out, batch)
         if hits is not None:

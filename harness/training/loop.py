@@ -40,7 +40,7 @@ from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
 from harness.resilience.shard_heal import Progress, hand_over_shards
 from harness.training.build import (autocast, load_data, make_batches, make_model, make_optimizer, make_synchroniser,
-                                    model_loss)
+                                    model_loss, model_output_loss)
 from harness.training.config import TrainConfig
 from harness.training.losses import make_loss
 from harness.training.evaluation import evaluate
@@ -119,10 +119,11 @@ class Worker:
         self.replica = self.make_replica() if self.shards is not None and config.heal_in_place else None
         self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
         # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
-        # the gradient hooks stay on the parameters, outside the compiled graph; evaluation runs eagerly.
-        self.loss = make_loss(config.loss)
-        compute = model_loss(self.model, self.loss)
-        self.compute = torch.compile(compute) if config.compile else compute
+        # the gradient hooks stay on the parameters, outside the compiled graph; validation compiles its own.
+        loss = make_loss(config.loss)
+        compute, forward = model_loss(self.model, loss), model_output_loss(self.model, loss)
+        self.compute, self.forward = (torch.compile(compute), torch.compile(forward)) if config.compile else \
+            (compute, forward)
         timeline.mark(self.marks, "model")
         # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
         self.comm = Solo() if config.mode == "async" else ctx.communicator()
@@ -353,7 +354,7 @@ class Worker:
         batches = evaluation_batches(self.data.val, self.rank, self.world, config.batch_size, self.device,
                                      config.data_workers, failures)
         with self.sync.global_weights():
-            totals = torch.tensor(evaluate(self.model, batches, lambda: autocast(config, self.device), self.loss),
+            totals = torch.tensor(evaluate(self.model, self.forward, batches, lambda: autocast(config, self.device)),
                                   dtype=torch.float64, device=self.device)
         self.bad.add("val", s.step, failures)
         self.comm.all_reduce(totals)

@@ -192,7 +192,7 @@ def nanogpt_row(steps: int, nanogpt: Path, tokens: Path, gpus: int = 1) -> dict:
 
 def hf_trainer(variant: str, steps: int, tokens: Path, profile: Path | None = None) -> dict:
     """transformers' Trainer on GPT2LMHeadModel(GPT2Config()), the same windows and recipe, in this
-    process: the time from the end of update 10 to the last, synchronised at both ends. With
+    process, validating once at the end as Train.py does: the time from the end of update 10 to the last, synchronised at both ends. With
     ``profile``, updates 11 to 15 are recorded and the clock starts at update 20 instead."""
     import importlib.util
     import torch
@@ -220,8 +220,10 @@ def hf_trainer(variant: str, steps: int, tokens: Path, profile: Path | None = No
         lr_scheduler_type="cosine", warmup_steps=2000, max_steps=steps, logging_steps=10_000, save_strategy="no",
         report_to="none", torch_compile=variant == "hf-trainer-compile", dataloader_num_workers=4, disable_tqdm=True)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
-    transformers.Trainer(model=model, args=arguments, train_dataset=windows("train", str(tokens)),
-                         callbacks=[Clock()]).train()
+    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=windows("train", str(tokens)),
+                                   eval_dataset=windows("val", str(tokens)), callbacks=[Clock()])
+    trainer.train()
+    trainer.evaluate()      # the validation Train.py runs at the end of its run, so that both peaks include one
     return {"step_ms": (marks[steps] - marks[start]) / (steps - start) * 1000, "first_step_s": marks[1] - process_started_at(),
             "peak_mb": torch.cuda.max_memory_reserved() / 2**20}
 
