@@ -148,8 +148,9 @@ def _step(a: Callable[..., Any]) -> None:
            "with a message saying why). Its 3 warm-up updates on the first batch are undone, so it trains "
            "exactly as eager; --no-cuda-graph runs eagerly")
     a("--compile", action="store_true",
-      help="torch.compile the model and the loss for the training step (the first update waits for the "
-           "compiler; evaluation runs eagerly); on GPUs the compiled step is captured in the CUDA graph too")
+      help="torch.compile the model and the loss for the training step and, separately, for validation (the "
+           "first update and the first validation wait for the compiler); on GPUs the compiled step is captured "
+           "in the CUDA graph too")
     a("--clip-grad", type=float, metavar="NORM",
       help="clip the averaged gradients to this global norm before each update (the norm before clipping "
            "goes into the log as grad_norm)")
