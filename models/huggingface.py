@@ -23,4 +23,10 @@ def hf_causal_lm(info: Any, model_type: str = "gpt2", **config: Any) -> nn.Modul
         settings = transformers.AutoConfig.for_model(model_type, **config)
     except (ValueError, TypeError) as e:
         raise ValueError(f"hf-causal-lm: {str(e).splitlines()[0]}") from None
-    return transformers.AutoModelForCausalLM.from_config(settings)
+    model = transformers.AutoModelForCausalLM.from_config(settings)
+    # transformers picks the loss from the class name, and "GPT2LMHeadModel" names none: it would then log a
+    # warning from inside every forward, which torch.compile cannot trace, and the compiled step would break
+    # between the model and its loss (the logits then leave the graph, in float32 for the loss).
+    if getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
+    return model

@@ -147,3 +147,13 @@ def test_loss_fn_handles_tokens_like_flat_classes():
     expected = -torch.stack([logits[n, t].log_softmax(-1)[target[n, t]] for n in range(2) for t in range(3)]).mean()
     torch.testing.assert_close(loss_fn(logits, target), expected)                           # (N, T, V) / (N, T)
     torch.testing.assert_close(loss_fn(logits.reshape(6, 5), target.reshape(6)), expected)  # (N, C) / (N,)
+
+
+def test_a_hugging_face_causal_lm_computes_its_loss_in_the_graph_of_its_forward():
+    """--compile compiles model and loss together: a graph break between them would hold the logits."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    model = build_model("hf-causal-lm", DataInfo("tokens", (8,), 100),
+                        n_layer=1, n_embd=32, n_head=2, bos_token_id=None, eos_token_id=None)
+    x = torch.randint(0, 100, (2, 8))
+    explained = torch._dynamo.explain(lambda batch: model(**batch).loss)({"input_ids": x, "labels": x})
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
