@@ -42,13 +42,22 @@ def records(directory) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def wait_for_steps(job: Torchrun | PyTorchJob, directory) -> None:
-    """Until node 0's run has logged an update (fails if a node ends first or after 120 s)."""
+def wait_for(job: Torchrun | PyTorchJob | Job, directory, event: str = "step") -> None:
+    """Until node 0's run has logged an ``event`` record: an update, or "saved" a checkpoint (fails if the
+    job ends first or after 120 s)."""
     deadline = time.monotonic() + 120
-    while not any(r["event"] == "step" for r in records(directory)):
-        assert time.monotonic() < deadline and job.running(), \
-            job.output(0)[-3000:] + job.output(1)[-3000:]
+    while not any(r["event"] == event for r in records(directory)):
+        assert time.monotonic() < deadline and job.running(), job.tail()
         time.sleep(0.1)
+
+
+def slow_flags(workers: int, *more: str) -> list[str]:
+    """The slow model's job (slow_model.FLAGS) on ``workers`` CPU workers (a node's, under an engine),
+    saving every 20 updates, then ``more``: where its workers run and how often it saves do not change
+    its arithmetic, so 2 local workers end as one on each of two nodes, stopped and resumed or not."""
+    local = SLOW_FLAGS.index("--cpu-workers")
+    return [*SLOW_FLAGS[:local], "--cpu-workers", str(workers), *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
+            *more]
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +107,10 @@ def test_a_child_killed_under_torchrun_is_healed_and_torchrun_never_restarts(hos
     """The slow model's job (slow_model.FLAGS) on one worker on each of three nodes, one killed on node 1:
     healed in place, it ends with the parameters of its uninterrupted run on three local workers, and the
     engine saw nothing (one start, restart count 0)."""
-    local = SLOW_FLAGS.index("--cpu-workers")
-    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
-             "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
+    flags = slow_flags(1, "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir",
+                       str(tmp_path / "logs"))
     job = Torchrun(hosts, tmp_path, *flags, nodes=3, env={"OMP_NUM_THREADS": "1"})
-    wait_for_steps(job, tmp_path)
+    wait_for(job, tmp_path)
     os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
     assert job.wait() == [0, 0, 0], job.output(0)[-3000:]
 
@@ -208,7 +216,7 @@ def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retrie
         job.resolve(1)
         job.start(0)
         job.start(1)
-        wait_for_steps(job, tmp_path)
+        wait_for(job, tmp_path)
         job.processes[1].kill()
         assert job.wait() == [RETRY_EXIT, -signal.SIGKILL], job.output(0)[-3000:]
     finally:
@@ -221,20 +229,14 @@ def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_re
     """The master pod's Train.py SIGKILLed after a checkpoint, and the pod started again (an ExitCode policy
     re-creates it): the worker's agent, which lost the parent, waits for it, says the job restarted, and
     the run resumes from the checkpoint and ends with the parameters of its uninterrupted run."""
-    local = SLOW_FLAGS.index("--cpu-workers")
-    _, straight = run_train(tmp_path, *SLOW_FLAGS[:local], "--cpu-workers", "2", *SLOW_FLAGS[local + 2:],
-                            "--save-every-steps", "20", name="straight")
-    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
-             "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs")]
+    _, straight = run_train(tmp_path, *slow_flags(2), name="straight")
+    flags = slow_flags(1, "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
     job = PyTorchJob(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
     try:
         job.resolve(1)
         job.start(0)
         job.start(1)
-        deadline = time.monotonic() + 120
-        while not any(r["event"] == "saved" for r in records(tmp_path)):
-            assert time.monotonic() < deadline and job.running(), job.output(0)[-3000:]
-            time.sleep(0.1)
+        wait_for(job, tmp_path, "saved")
         job.processes[0].kill()
         assert job.processes[0].wait() == -signal.SIGKILL
         job.await_output(1, "lost the parent; waiting up to 60 s for it to come back")
@@ -256,7 +258,7 @@ def test_sigterm_to_node_0_stops_every_node_at_one_update_with_a_checkpoint(host
         job.resolve(1)
         job.start(0)
         job.start(1)
-        wait_for_steps(job, tmp_path)
+        wait_for(job, tmp_path)
         job.processes[0].send_signal(signal.SIGTERM)
         assert job.wait() == [128 + signal.SIGTERM] * 2, job.output(0)[-3000:]
     finally:
@@ -271,17 +273,11 @@ def test_sigterm_to_node_0_stops_every_node_at_one_update_with_a_checkpoint(host
 def test_a_child_killed_with_healing_off_restarts_the_group_on_the_same_nodes_from_the_checkpoint(hosts, tmp_path):
     """``--heal off --max-restarts 1``: the parent starts a new group through the same agents, which resumes
     from the last checkpoint and ends with the uninterrupted run's parameters (torchrun sees nothing)."""
-    local = SLOW_FLAGS.index("--cpu-workers")
-    _, straight = run_train(tmp_path, *SLOW_FLAGS[:local], "--cpu-workers", "2", *SLOW_FLAGS[local + 2:],
-                            "--save-every-steps", "20", name="straight")
-    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
-             "--max-restarts", "1", "--heal", "off", "--save", str(tmp_path / "model.pt"), "--log-dir",
-             str(tmp_path / "logs")]
+    _, straight = run_train(tmp_path, *slow_flags(2), name="straight")
+    flags = slow_flags(1, "--max-restarts", "1", "--heal", "off", "--save", str(tmp_path / "model.pt"), "--log-dir",
+                       str(tmp_path / "logs"))
     job = Torchrun(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while not any(r["event"] == "saved" for r in records(tmp_path)):
-        assert time.monotonic() < deadline and job.running(), job.output(0)[-3000:]
-        time.sleep(0.1)
+    wait_for(job, tmp_path, "saved")
     os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
     assert job.wait() == [0, 0], job.output(0)[-3000:]
 
@@ -298,7 +294,7 @@ def test_an_sbatch_script_s_srun_step_one_task_a_node_trains_as_ssh_does(hosts, 
     not resolve here), node 1's task is its agent."""
     job = Job(slurm, tmp_path, *FLAGS, "--save", str(tmp_path / "step.pt"), "--log-dir", str(tmp_path / "logs"),
               per_node=1, nodes=2, step=True, env={"HARNESS_KEY_FILE": str(key_file(tmp_path))})
-    status, output = job.wait(180), job.output.read_text()
+    status, output = job.wait(180), job.text()
     assert status == 0, output
     assert "started by slurm: node 0 of 2, restart 0" in output and "started by slurm: node 1 of 2" in output
     assert torch.equal(flat_params(tmp_path / "step.pt"), over_ssh)
@@ -331,14 +327,10 @@ def test_a_node_agent_killed_under_torchrun_restarts_the_job_which_resumes_where
                                                                                      tmp_path):
     """torchrun --max-restarts 1 on three nodes, node 1's agent SIGKILLed mid-run: torchrun restarts the job
     on every node, which resumes from the checkpoint and ends with the uninterrupted run's parameters."""
-    local = SLOW_FLAGS.index("--cpu-workers")
-    flags = [*SLOW_FLAGS[:local], "--cpu-workers", "1", *SLOW_FLAGS[local + 2:], "--save-every-steps", "20",
-             "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
+    flags = slow_flags(1, "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir",
+                       str(tmp_path / "logs"))
     job = Torchrun(hosts, tmp_path, *flags, nodes=3, max_restarts=1, env={"OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while not any(r["event"] == "saved" for r in records(tmp_path)):
-        assert time.monotonic() < deadline and job.running(), job.output(0)[-3000:]
-        time.sleep(0.1)
+    wait_for(job, tmp_path, "saved")
     os.kill(agent_process(hosts, 1), signal.SIGKILL)
     assert job.wait(240) == [0, 0, 0], job.output(0)[-3000:]
 
@@ -355,3 +347,4 @@ def test_a_node_s_children_get_its_own_names_for_the_gpus_the_parent_numbered(mo
     assert on_this_node({"CUDA_VISIBLE_DEVICES": "1", "HARNESS_GPU": "1", "X": "y"}) == \
         {"CUDA_VISIBLE_DEVICES": "6", "HARNESS_GPU": "6", "X": "y"}
     assert on_this_node({"CUDA_VISIBLE_DEVICES": "", "HARNESS_GPU": ""}) == {"CUDA_VISIBLE_DEVICES": "", "HARNESS_GPU": ""}
+

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -88,14 +89,16 @@ class Torchrun:
     def running(self) -> bool:
         return all(p.poll() is None for p in self.processes)
 
+    def tail(self) -> str:
+        return "\n".join(f"--- node {i}:\n{self.output(i)[-3000:]}" for i in range(self.nodes))
+
     def wait(self, timeout: float = 180.0) -> list[int]:
         """Every node's exit status (torchrun's); the processes are killed if they outlast ``timeout``."""
         deadline = time.monotonic() + timeout
         try:
             return [p.wait(max(0.1, deadline - time.monotonic())) for p in self.processes]
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"torchrun still running after {timeout} s:\n" + "\n".join(
-                f"--- node {i}:\n{self.output(i)[-3000:]}" for i in range(self.nodes))) from None
+            raise AssertionError(f"torchrun still running after {timeout} s:\n{self.tail()}") from None
         finally:
             self.kill()
 
@@ -161,6 +164,9 @@ class PyTorchJob:
     def running(self) -> bool:
         return all(p.poll() is None for p in self.processes.values())
 
+    def tail(self) -> str:
+        return "\n".join(f"--- pod {i}:\n{self.output(i)[-3000:]}" for i in range(self.pods))
+
     def await_output(self, pod: int, text: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while text not in self.output(pod):
@@ -173,8 +179,7 @@ class PyTorchJob:
         try:
             return [self.processes[i].wait(max(0.1, deadline - time.monotonic())) for i in range(self.pods)]
         except subprocess.TimeoutExpired:
-            raise AssertionError("the pods still run:\n" + "\n".join(
-                f"--- pod {i}:\n{self.output(i)[-3000:]}" for i in range(self.pods))) from None
+            raise AssertionError(f"the pods still run:\n{self.tail()}") from None
 
     def close(self) -> None:
         for process in self.processes.values():
@@ -200,10 +205,12 @@ class Job:
                  step: bool = False, env: dict[str, str] | None = None):
         self.env, self.output = {**os.environ, **slurm, **(env or {})}, directory / "slurm.out"
         train = [sys.executable, str(ROOT / "Train.py"), *([] if step else ["--launcher", "slurm"]), *flags]
-        command = " ".join(([f"srun --ntasks-per-node={per_node}"] if step else []) + train)
+        command = shlex.join((["srun", f"--ntasks-per-node={per_node}"] if step else []) + train)   # --wrap's shell
         self.id = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
                                   f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
                                  env=self.env, capture_output=True, text=True, check=True).stdout.strip()
+
+    ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")     # the states of a job that has not ended
 
     def state(self) -> tuple[str, int]:
         """The job's state and its script's exit status."""
@@ -211,9 +218,21 @@ class Job:
                                capture_output=True, text=True, check=True).stdout
         return shown.split("JobState=")[1].split()[0], int(shown.split("ExitCode=")[1].split(":")[0])
 
+    def running(self) -> bool:
+        """Whether the job has not ended yet."""
+        return self.state()[0] in self.ACTIVE
+
+    def text(self) -> str:
+        """The job's output so far. srun passes its tasks' output on in chunks, which may split a
+        character of one task's line (tqdm's bar) around another's: such bytes read as U+FFFD."""
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    def tail(self) -> str:
+        return self.text()[-6000:]
+
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
-        while (state := self.state())[0] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
-            assert time.monotonic() < deadline, f"job {self.id} still {state[0]} after {timeout} s"
+        while (state := self.state())[0] in self.ACTIVE:
+            assert time.monotonic() < deadline, f"job {self.id} still {state[0]} after {timeout} s:\n{self.tail()}"
             time.sleep(0.2)
         return state[1]
