@@ -1,8 +1,9 @@
 """Node agents: Train.py started by an engine on several nodes, node 0 the parent and every other node
 its agent (harness/launch/agents.py, agent.py). torchrun from the installed torch on two namespaced
 hosts (tests/helpers/netns_hosts.py, tests/helpers/engines.py) must end bit-identical to --launcher ssh
-on the same hosts, and heal a killed child without torchrun noticing; the key every node shares and the
-node count are checked with one-line errors."""
+on the same hosts, and heal a killed child without torchrun noticing; a run the engine restarts (torchrun,
+a re-created pod, a Slurm requeue) resumes by itself and ends as if uninterrupted; the key every node
+shares and the node count are checked with one-line errors."""
 from __future__ import annotations
 
 import json
@@ -298,6 +299,34 @@ def test_an_sbatch_script_s_srun_step_one_task_a_node_trains_as_ssh_does(hosts, 
     assert status == 0, output
     assert "started by slurm: node 0 of 2, restart 0" in output and "started by slurm: node 1 of 2" in output
     assert torch.equal(flat_params(tmp_path / "step.pt"), over_ssh)
+    assert children_on(hosts) == []
+
+
+def test_an_sbatch_job_requeued_after_a_checkpoint_runs_again_resumes_by_itself_and_ends_as_if_uninterrupted(
+        hosts, slurm, tmp_path):
+    """``scontrol requeue`` of an sbatch job (``--requeue``) whose script's ``srun --ntasks-per-node=1`` runs
+    Train.py on two nodes, once it has saved: Slurm ends the job (SIGTERM to both tasks: node 0 stops the
+    run at one update and saves there) and runs the script again with SLURM_RESTART_COUNT=1, and the same
+    command resumes from that checkpoint by itself and ends with the uninterrupted run's parameters."""
+    # 100 updates (3 s at least) after the first checkpoint for the requeue to land; a heartbeat timeout that
+    # a machine busy starting two runs of Train.py at once does not reach (it changes no arithmetic)
+    more = ["--max-steps", "120", "--heartbeat-timeout", "10"]
+    _, straight = run_train(tmp_path, *slow_flags(2, *more), name="straight")
+    flags = slow_flags(1, *more, "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    job = Job(slurm, tmp_path, *flags, per_node=1, nodes=2, step=True, requeue=True,
+              env={"HARNESS_KEY_FILE": str(key_file(tmp_path)), "OMP_NUM_THREADS": "1"})
+    wait_for(job, tmp_path, "saved")
+    job.requeue()
+    assert job.wait(240) == 0, job.tail()
+
+    output, done = job.text(), records(tmp_path)
+    stopped = [int(n) for n in re.findall(r"Train\.py: SIGTERM: stopped at epoch \d+, update (\d+); saved", output)]
+    assert len(stopped) == 1 and 20 <= stopped[0] < 120, output[-3000:]
+    assert f"started by slurm: node 0 of 2, restart 1; resuming {tmp_path / 'job.pt'}" in output
+    assert "started by slurm: node 1 of 2, restart 1" in output
+    assert [r["restart_count"] for r in done if r["event"] == "cluster"] == [0, 1]
+    assert [r["step"] for r in done if r["event"] == "first_step"] == [1, stopped[0] + 1]
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "job.pt"))
     assert children_on(hosts) == []
 
 

@@ -198,19 +198,29 @@ class Job:
     """Train.py with ``flags`` submitted with sbatch on ``nodes`` nodes, ``per_node`` tasks each: the
     batch script, and so the parent, runs on node0 with ``--launcher slurm``; or with ``step``, the
     script's srun starts Train.py itself, ``per_node`` tasks on each node. Its output goes to
-    ``directory``/slurm.out. ``env``: added to the job's environment.
+    ``directory``/slurm.out, which every run of the job appends to. ``requeue``: submitted with
+    ``--requeue``, as a job that ``requeue()`` may end and Slurm runs again. ``env``: added to the job's
+    environment.
     (Polled with scontrol: ``sbatch --wait`` sleeps up to half a minute between its own polls.)"""
 
     def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2, nodes: int = 3,
-                 step: bool = False, env: dict[str, str] | None = None):
+                 step: bool = False, requeue: bool = False, env: dict[str, str] | None = None):
         self.env, self.output = {**os.environ, **slurm, **(env or {})}, directory / "slurm.out"
         train = [sys.executable, str(ROOT / "Train.py"), *([] if step else ["--launcher", "slurm"]), *flags]
         command = shlex.join((["srun", f"--ntasks-per-node={per_node}"] if step else []) + train)   # --wrap's shell
         self.id = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
+                                  *(["--requeue"] if requeue else []), "--open-mode=append",
                                   f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
                                  env=self.env, capture_output=True, text=True, check=True).stdout.strip()
 
-    ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")     # the states of a job that has not ended
+    def requeue(self) -> None:
+        """``scontrol requeue``: Slurm ends the running job (SIGTERM to its steps' tasks, SIGKILL after
+        KillWait) and, once its launch credential has expired (netns_hosts' ``cred_expire``), runs its
+        script again with SLURM_RESTART_COUNT one higher."""
+        subprocess.run(["scontrol", "requeue", self.id], env=self.env, capture_output=True, text=True, check=True)
+
+    # the states of a job that has not ended: REQUEUED while a requeued job's first run ends
+    ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
 
     def state(self) -> tuple[str, int]:
         """The job's state and its script's exit status."""
@@ -219,7 +229,7 @@ class Job:
         return shown.split("JobState=")[1].split()[0], int(shown.split("ExitCode=")[1].split(":")[0])
 
     def running(self) -> bool:
-        """Whether the job has not ended yet."""
+        """Whether the job has not ended yet (a requeued one that waits to run again has not)."""
         return self.state()[0] in self.ACTIVE
 
     def text(self) -> str:

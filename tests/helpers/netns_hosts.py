@@ -117,7 +117,9 @@ class Hosts:
         """A Slurm cluster of one node per namespace (node0, node1, ...: 2 CPUs each, a partition of them
         all): munged and slurmctld here, on the bridge's address, each slurmd in its namespace (nsenter
         changes the network namespace only; ``ip netns exec`` would remount /sys, and slurmd needs its
-        cgroup hierarchy). Returns the environment for salloc and srun."""
+        cgroup hierarchy). A requeued job runs again once its launch credential expires and the scheduler
+        next looks (``cred_expire``: 120 s by default, 10 here; ``sched_interval``: 60 s, here 1).
+        Returns the environment for salloc and srun."""
         d = self.dir / "slurm"
         (d / "state").mkdir(parents=True)
         key = d / "munge.key"
@@ -131,13 +133,14 @@ class Hosts:
         config.write_text(
             f"ClusterName=harness\nSlurmctldHost={socket.gethostname()}({self.parent_address})\n"
             f"SlurmctldPort={port}\nSlurmdPort={port + 1}\nSlurmUser=root\nSlurmdUser=root\n"
-            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d / 'munge.sock'}\n"
+            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d / 'munge.sock'},cred_expire=10\n"
             f"StateSaveLocation={d / 'state'}\nSlurmdSpoolDir={d}/spool-%n\n"
             f"SlurmctldPidFile={d / 'slurmctld.pid'}\nSlurmdPidFile={d}/slurmd-%n.pid\n"
             f"SlurmctldLogFile={d / 'slurmctld.log'}\nSlurmdLogFile={d}/slurmd-%n.log\n"
             "SlurmdParameters=config_overrides\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n"
+            "SchedulerParameters=sched_interval=1,bf_interval=1\n"
             + "".join(f"NodeName={node} NodeAddr={address} CPUs=2 State=UNKNOWN\n"
                       for node, address in zip(self.nodes, self.addresses))
             + "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
