@@ -13,6 +13,7 @@ import pytest
 from harness.launch.cluster import RETRY_EXIT, ClusterStart, check_start, detect
 from harness.training.checks import resolve
 from harness.training.config import ConfigError, TrainConfig
+from harness.training.driver import resumes
 from harness.training.metrics import read_metrics
 from tests.helpers import ROOT
 from tests.helpers.engines import RECORDED
@@ -63,6 +64,9 @@ def test_a_restarted_job_resumes_from_the_checkpoint_it_was_writing(tmp_path, mo
     assert resolve(TrainConfig(save=str(save)))[1].resume is None          # nothing saved yet: a fresh start
     save.write_bytes(b"")
     assert resolve(TrainConfig(save=str(save)))[1].resume == str(save)
+    assert resumes(resolve(TrainConfig(save=str(save)))[1]) == f"; resuming {save}"
+    save.unlink()
+    assert "nothing to resume" in resumes(resolve(TrainConfig(save=str(save)))[1])   # said, not silently over
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="--nproc-per-node 1"):
         resolve(TrainConfig(save=str(save)))

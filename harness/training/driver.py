@@ -118,6 +118,15 @@ def workers(config: TrainConfig, gpus: list[int], launcher: Launcher | None = No
         yield group
 
 
+def resumes(config: TrainConfig) -> str:
+    """What a run the engine restarted goes on from, for its start line."""
+    if config.resume:
+        return f"; resuming {config.resume}"
+    if config.save:
+        return f"; nothing to resume ({config.save} was not written before the restart): starting over"
+    return "; nothing to resume (no --save): starting over"
+
+
 def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
           started: Children | None = None, launcher: Launcher | None = None) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
@@ -129,7 +138,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
     start = launcher.cluster if launcher else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
-        print(start.describe() + (f"; resuming {config.resume}" if start.restart_count and config.resume else ""))
+        print(start.describe() + (resumes(config) if start.restart_count else ""))
         log.write({"time": time.time(), **start.record()})
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
