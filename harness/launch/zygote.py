@@ -149,6 +149,8 @@ class Zygote:
 
     def close(self) -> None:
         """End the zygote (its children, if any, see their parent gone and exit)."""
+        with contextlib.suppress(OSError):      # close() alone leaves the socket open while _read's recv
+            self._socket.shutdown(socket.SHUT_RDWR)     # waits on it: the zygote would never see the end
         self._socket.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
