@@ -284,6 +284,11 @@ def main() -> None:
         signal.signal(signum, signal.SIG_IGN)
     server = socket.socket(fileno=int(sys.argv[1]))
     _warm_up()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):    # the parent ended before it read all we said
+        _serve(server)
+
+
+def _serve(server: socket.socket) -> None:
     with selectors.DefaultSelector() as selector:
         selector.register(server, selectors.EVENT_READ)
         while True:
