@@ -113,7 +113,7 @@ def test_train_over_ssh_on_three_hosts_equals_six_local_workers(hosts, six_local
 
 def test_train_submitted_to_slurm_on_three_nodes_equals_six_local_workers(hosts, slurm, six_local_workers, tmp_path):
     job = Job(slurm, tmp_path, *COMMON, "--save", str(tmp_path / "slurm.pt"), "--log-dir", str(tmp_path / "logs"))
-    assert job.wait(240) == 0, job.output.read_text()
+    assert job.wait(240) == 0, job.text()
     local = flat_params(six_local_workers)
     assert (flat_params(tmp_path / "slurm.pt") - local).abs().max() <= 1e-6 * local.abs().max()
     steps = [hosts.slurm_log(f"slurmd-{node}").count(f"launch task StepId={job.id}.") for node in hosts.nodes]
@@ -127,11 +127,11 @@ def test_a_worker_killed_under_slurm_fails_the_job_naming_its_node_and_leaves_no
     deadline = time.monotonic() + 120
     while not (tmp_path / "logs" / "metrics.jsonl").exists() or not any(
             r["event"] == "step" for r in read_metrics(tmp_path / "logs" / "metrics.jsonl")):
-        assert job.state()[0] != "COMPLETED" and time.monotonic() < deadline, job.output.read_text()
+        assert job.state()[0] != "COMPLETED" and time.monotonic() < deadline, job.text()
         time.sleep(0.2)
     os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
     assert job.wait(60) == 1
-    output = job.output.read_text()
+    output = job.text()
     assert "child 1 on host node1 exited" in output, output
     wait_gone(children_on(hosts), 15.0)
     assert children_on(hosts) == []
@@ -215,7 +215,7 @@ def test_train_started_by_an_srun_step_is_its_node_s_parent_one_task_a_node(host
     CPU workers and says who started it; two tasks on the node are refused, naming srun's flag."""
     job = Job(slurm, tmp_path, "--max-steps", "10", "--save", str(tmp_path / "step.pt"), "--log-dir",
               str(tmp_path / "logs"), per_node=per_node, nodes=1, step=True)
-    status, output = job.wait(240), job.output.read_text()
+    status, output = job.wait(240), job.text()
     if per_node == 1:
         assert status == 0, output
         assert "started by slurm: node 0 of 1, restart 0" in output

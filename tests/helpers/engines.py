@@ -205,6 +205,11 @@ class Job:
                                   f"--output={self.output}", f"--chdir={directory}", f"--wrap={command}"],
                                  env=self.env, capture_output=True, text=True, check=True).stdout.strip()
 
+    def text(self) -> str:
+        """What the job wrote so far; where several tasks write at once, one task's write may split
+        another's character (tqdm's bar), which reads as U+FFFD."""
+        return self.output.read_text(errors="replace")
+
     def state(self) -> tuple[str, int]:
         """The job's state and its script's exit status."""
         shown = subprocess.run(["scontrol", "show", "job", "--oneliner", self.id], env=self.env,
