@@ -30,6 +30,14 @@ def slow_straight(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def in_a_folder_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test runs in an empty folder of its own: what Train.py writes where no flag says otherwise
+    (checkpoints/, runs/) lands there, never in the checkout nor where a test on another xdist worker
+    writes."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture(autouse=True)
 def no_train_py_outlives_its_test():
     """Whatever a test did with the Train.py processes it started (tests/helpers/runs.py), none of
     them, nor their workers, outlives it."""
