@@ -1,4 +1,8 @@
-"""Fixtures shared by the test modules; their helpers live in tests/helpers/."""
+"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs on
+several pytest-xdist workers (pyproject.toml's addopts); what must not run at once is grouped below."""
+import fcntl
+import os
+
 import pytest
 
 from tests.helpers.ci import missing
@@ -23,10 +27,33 @@ def tokens(tmp_path_factory):
 @pytest.fixture(scope="session")
 def slow_straight(tmp_path_factory):
     """The checkpoint of the slow model's uninterrupted run (slow_model.FLAGS), which a healed or
-    restarted run of the same flags must equal bit for bit."""
+    restarted run of the same flags must equal bit for bit: trained once for all xdist workers."""
     from tests.helpers.training import run_train        # imports Train.py: only for the tests that need it
-    return run_train(tmp_path_factory.mktemp("straight"), *slow_model.FLAGS, "--save-every-steps", "20",
-                     name="straight")[1]
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "slow_straight"   # this session's
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "trained").exists():
+            run_train(shared, *slow_model.FLAGS, "--save-every-steps", "20", name="straight")
+            (shared / "trained").touch()
+    return shared / "straight.pt"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the namespaced hosts (their sshd, Slurm daemons, torchrun and mpirun) run one after
+    another on one xdist worker (--dist loadgroup)."""
+    for item in items:
+        if "hosts" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("netns_hosts"))
+
+
+@pytest.fixture(autouse=True)
+def in_a_folder_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test runs in an empty folder of its own: what Train.py writes where no flag says otherwise
+    (checkpoints/, runs/) lands there, never in the checkout nor where a test on another xdist worker
+    writes."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.fixture(autouse=True)

@@ -73,6 +73,13 @@ def over_ssh(hosts, tmp_path_factory) -> torch.Tensor:
     return flat_params(save)
 
 
+@pytest.fixture(scope="module")
+def two_node_straight(tmp_path_factory):
+    """The checkpoint of the slow model's job (slow_model.FLAGS) uninterrupted on two local workers, which
+    a two-node run of it, restarted or resumed, must equal."""
+    return run_train(tmp_path_factory.mktemp("straight"), *slow_flags(2), name="straight")[1]
+
+
 def test_torchrun_on_two_nodes_trains_as_ssh_does_on_the_same_hosts(hosts, over_ssh, tmp_path):
     """Encrypted (--encrypt) as well: the children's control plane as an ssh run's, the agents' link always."""
     job = Torchrun(hosts, tmp_path, *FLAGS, "--encrypt", "--save", str(tmp_path / "agents.pt"), "--log-dir",
@@ -211,7 +218,7 @@ def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retrie
     timeout node 0 reports the node lost and exits RETRY_EXIT, which an ExitCode policy restarts; nothing
     of the run is left on either pod's host."""
     job = PyTorchJob(hosts, tmp_path, *SLOW_FLAGS[:SLOW_FLAGS.index("--cpu-workers")], "--cpu-workers", "1",
-                     "--max-steps", "1000", "--heartbeat-timeout", "3", "--max-restarts", "2",
+                     "--max-steps", "1000", "--heartbeat-timeout", "6", "--max-restarts", "2",
                      "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
     try:
         job.resolve(1)
@@ -226,11 +233,11 @@ def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retrie
     assert children_on(hosts) == []
 
 
-def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_resumes_the_run(hosts, tmp_path):
+def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_resumes_the_run(hosts, two_node_straight,
+                                                                                           tmp_path):
     """The master pod's Train.py SIGKILLed after a checkpoint, and the pod started again (an ExitCode policy
     re-creates it): the worker's agent, which lost the parent, waits for it, says the job restarted, and
     the run resumes from the checkpoint and ends with the parameters of its uninterrupted run."""
-    _, straight = run_train(tmp_path, *slow_flags(2), name="straight")
     flags = slow_flags(1, "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
     job = PyTorchJob(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
     try:
@@ -246,7 +253,7 @@ def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_re
     finally:
         job.close()
     assert "started by kubeflow: node 0 of 2, restart 1; resuming" in job.output(0)
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "job.pt"))
+    assert torch.equal(flat_params(two_node_straight), flat_params(tmp_path / "job.pt"))
     assert children_on(hosts) == []
 
 
@@ -271,10 +278,10 @@ def test_sigterm_to_node_0_stops_every_node_at_one_update_with_a_checkpoint(host
     assert children_on(hosts) == []
 
 
-def test_a_child_killed_with_healing_off_restarts_the_group_on_the_same_nodes_from_the_checkpoint(hosts, tmp_path):
+def test_a_child_killed_with_healing_off_restarts_the_group_on_the_same_nodes_from_the_checkpoint(hosts, two_node_straight,
+                                                                                                 tmp_path):
     """``--heal off --max-restarts 1``: the parent starts a new group through the same agents, which resumes
     from the last checkpoint and ends with the uninterrupted run's parameters (torchrun sees nothing)."""
-    _, straight = run_train(tmp_path, *slow_flags(2), name="straight")
     flags = slow_flags(1, "--max-restarts", "1", "--heal", "off", "--save", str(tmp_path / "model.pt"), "--log-dir",
                        str(tmp_path / "logs"))
     job = Torchrun(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
@@ -285,7 +292,7 @@ def test_a_child_killed_with_healing_off_restarts_the_group_on_the_same_nodes_fr
     done = records(tmp_path)
     assert [r["rank"] for r in done if r["event"] == "restart"] == [1]
     assert [r["restart_count"] for r in done if r["event"] == "cluster"] == [0]
-    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    assert torch.equal(flat_params(two_node_straight), flat_params(tmp_path / "model.pt"))
     assert children_on(hosts) == []
 
 

@@ -22,7 +22,7 @@ from harness.training.optim import FUSED, build_optimizer
 from harness.resilience.checkpoint import load_checkpoint
 from tests.helpers.processes import harness_children_below, kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
-from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS, HANG_FLAGS
 from tests.helpers.soak import soak
 from tests.helpers.training import flat_params, flat_state
 
@@ -31,7 +31,7 @@ FLAGS = [*SLOW_FLAGS, "--save-every-steps", "20"]
 
 
 def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrupted_one(tmp_path, slow_straight):
-    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2")
+    process = start_train(tmp_path, *FLAGS, *HANG_FLAGS, "--max-restarts", "2")
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, recovered(1))
     hung = workers_of(process)[0]
@@ -242,15 +242,16 @@ def test_replace_needs_a_group_forked_to_heal():
             kids.replace(0)
 
 
-def test_soak_of_ten_kills_and_hangs_in_one_run_ends_bit_exact_with_nothing_left():
-    """The heal soak (tests/helpers/soak.py): one run of 200 updates, 10 signals (SIGKILL and SIGSTOP
-    at random moments; seed 0 draws both kinds), each sent once training has gone on after the last
-    heal, so heals follow heals and the spare is replaced again and again. Its time limit ends it, and
-    every process of it, well before pytest's timeout would. ``python -m scripts.soak_heal`` runs more."""
-    [row] = soak(runs=1, kills=10, steps=200, time_limit=SOAK_LIMIT)
+def test_soak_of_five_kills_and_hangs_in_one_run_ends_bit_exact_with_nothing_left():
+    """The heal soak (tests/helpers/soak.py): one run of 150 updates, 5 signals (SIGKILL and SIGSTOP
+    at random moments; seed 0 draws both kinds, and a hang right after a hang), each sent once training
+    has gone on after the last heal, so heals follow heals and the spare is replaced again and again.
+    Its time limit ends it, and every process of it, well before pytest's timeout would.
+    ``python -m scripts.soak_heal`` runs more."""
+    [row] = soak(runs=1, kills=5, steps=150, time_limit=SOAK_LIMIT)
 
     shown = json.dumps(row, indent=1)        # the whole row, its stderr's tail included
-    assert row["kills"] == 10 and {"SIGKILL", "SIGSTOP"} <= set(row["signals"]), shown
+    assert row["kills"] == 5 and {"SIGKILL", "SIGSTOP"} <= set(row["signals"]), shown
     assert row["finished"] and not row["hung"] and row["orphans"] == 0, shown
     assert row["max_abs_diff_vs_uninterrupted"] == 0.0, shown
     assert row["steps_lost_max"] is None or row["steps_lost_max"] <= 1, shown

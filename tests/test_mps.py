@@ -1,6 +1,7 @@
 """MPS support (harness.launch.mps and scripts/*mps*.sh) against fake nvidia-cuda-mps-control and nvidia-smi."""
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,15 @@ esac
 
 
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def mps_root():
+    """$MPS_ROOT for the scripts, with a space to check the quoting; short, as socket paths under it must
+    be (an xdist worker's tmp_path is not)."""
+    with tempfile.TemporaryDirectory(prefix="mps-") as short:
+        yield Path(short) / "mps root"
+
+
+@pytest.fixture
+def fake(tmp_path, mps_root, monkeypatch):
     """Fake binaries first on PATH; returns the directory where they record their calls."""
     bin_dir, record = tmp_path / "bin", tmp_path / "record"
     bin_dir.mkdir()
@@ -52,7 +61,7 @@ def fake(tmp_path, monkeypatch):
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_RECORD", str(record))
-    monkeypatch.setenv("MPS_ROOT", str(tmp_path / "mps root"))    # a space, to check the quoting
+    monkeypatch.setenv("MPS_ROOT", str(mps_root))
     for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     return record
@@ -153,8 +162,8 @@ def test_scripts_are_executable():
         assert os.access(SCRIPTS / name, os.X_OK), name
 
 
-def test_init_and_stop_a_group(fake, tmp_path):
-    root = tmp_path / "mps root"
+def test_init_and_stop_a_group(fake, mps_root):
+    root = mps_root
     pipe, logs = root / "nvidia-mps_0,1", root / "nvidia-log_0,1"
     done = script("init_mps_for_gpus.sh", "0,1")
     assert done.returncode == 0, done.stderr
@@ -183,13 +192,13 @@ def test_exclusive_sets_and_resets_compute_mode(fake):
 
 
 @pytest.mark.parametrize("bad", ["0;rm", "0,,1", "a", "0, 1", "-1", ""])
-def test_bad_gpu_list_is_refused(fake, tmp_path, bad):
+def test_bad_gpu_list_is_refused(fake, mps_root, bad):
     for name in ("init_mps_for_gpus.sh", "stop_mps_for_gpus.sh", "set_mps_env_for_gpus.sh"):
         done = script(name, bad)
         assert done.returncode == 2, (name, done.stdout, done.stderr)
         assert "usage:" in done.stderr and (f"'{bad}'" in done.stderr or "no GPU list" in done.stderr)
         assert done.stdout == ""
-    assert calls(fake) == [] and not (tmp_path / "mps root").exists()
+    assert calls(fake) == [] and not mps_root.exists()
 
 
 def test_usage_and_bad_options(fake):
@@ -205,8 +214,8 @@ def test_usage_and_bad_options(fake):
     assert calls(fake) == []
 
 
-def test_set_env_eval_and_source(fake, tmp_path):
-    root = tmp_path / "mps root"
+def test_set_env_eval_and_source(fake, mps_root):
+    root = mps_root
     show = 'echo "$CUDA_MPS_PIPE_DIRECTORY|$CUDA_MPS_LOG_DIRECTORY|$CUDA_VISIBLE_DEVICES|$-"'
     env_script = SCRIPTS / "set_mps_env_for_gpus.sh"
     evaled = subprocess.run(["bash", "-c", f'eval "$("{env_script}" 0,1)" && {show}'],
@@ -226,8 +235,8 @@ def test_set_env_eval_and_source(fake, tmp_path):
     assert sourced.stdout.splitlines()[1] == "status 1" and "no MPS daemon answers" not in sourced.stderr
 
 
-def test_all_gpu_scripts_use_the_list_from_nvidia_smi(fake, tmp_path):
-    pipe = tmp_path / "mps root" / "nvidia-mps_0,1"
+def test_all_gpu_scripts_use_the_list_from_nvidia_smi(fake, mps_root):
+    pipe = mps_root / "nvidia-mps_0,1"
     assert script("init_mps_for_all_gpus.sh").returncode == 0
     assert (pipe / "control").exists()
     assert calls(fake, "smi.log") == ["--query-gpu=index --format=csv,noheader"]

@@ -13,7 +13,7 @@ from harness.resilience.saver import BackgroundSaver
 from harness.training.metrics import read_metrics
 from tests.helpers.processes import kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, start_train, wait_for_record, workers_of
-from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS, HANG_FLAGS
 from tests.helpers.training import flat_params
 
 FLAGS = [*SLOW_FLAGS, "--save-every-steps", "5"]
@@ -30,7 +30,7 @@ def after_restarts(restarts: int, event: str):
 
 def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path,
                                                                                                   slow_straight):
-    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heal", "off")
+    process = start_train(tmp_path, *FLAGS, *HANG_FLAGS, "--max-restarts", "2", "--heal", "off")
     wait_for_record(process, tmp_path, after_restarts(0, "saved"))
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, after_restarts(1, "saved"))

@@ -73,3 +73,15 @@ def test_the_zygote_and_its_children_end_with_a_killed_parent(tmp_path):
         assert wait_gone([child_a, child_b, zygote_pid], 5.0) == []
     finally:
         run.kill()
+
+
+def test_a_zygote_of_another_environment_with_no_child_left_ends_when_the_next_one_starts():
+    with Parent() as parent:
+        kids = parent.fork(1, preload=["json"])
+        kids.exec(lambda ctx: os.getppid())
+        [first] = kids.wait()
+        kids.stop()
+        kids = parent.fork(1, preload=["csv"])      # another environment: the idle zygote is closed
+        kids.exec(lambda ctx: os.getppid())
+        [second] = kids.wait()
+    assert first != second and not alive(first)

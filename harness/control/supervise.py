@@ -239,8 +239,9 @@ class Supervisor:
                     os.kill(child.pid, signum)
 
     def stop(self, grace: float = STOP_GRACE) -> None:
-        """Ask every child (and the spare) to stop, SIGKILL those still running after ``grace`` s,
-        reap them all, close the socket. A second call, once all are reaped, does nothing."""
+        """Ask every child (and the spare) to stop, SIGKILL those still running after ``grace`` s (and
+        at once those not yet connected, which could not be told), reap them all, close the socket.
+        A second call, once all are reaped, does nothing."""
         everyone = self.everyone()
         if self.stopping and all(c.process.returncode is not None for c in everyone):
             return
@@ -248,6 +249,8 @@ class Supervisor:
         for child in everyone:
             if child.process.poll() is None and child.connected:
                 self.send_if_alive(child, ("stop", None, None))
+            elif child.process.poll() is None:      # nothing was ever sent to it: nothing to finish
+                child.process.kill()
         deadline = time.monotonic() + grace
         for child in everyone:
             try:

@@ -149,6 +149,8 @@ class Zygote:
 
     def close(self) -> None:
         """End the zygote (its children, if any, see their parent gone and exit)."""
+        with contextlib.suppress(OSError):      # close() alone leaves the socket open while _read's recv
+            self._socket.shutdown(socket.SHUT_RDWR)     # waits on it: the zygote would never see the end
         self._socket.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
@@ -282,6 +284,11 @@ def main() -> None:
         signal.signal(signum, signal.SIG_IGN)
     server = socket.socket(fileno=int(sys.argv[1]))
     _warm_up()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):    # the parent ended before it read all we said
+        _serve(server)
+
+
+def _serve(server: socket.socket) -> None:
     with selectors.DefaultSelector() as selector:
         selector.register(server, selectors.EVENT_READ)
         while True:

@@ -11,9 +11,12 @@ import torch
 SPEC = f"{__name__}:model"
 # The job the heal and restart tests run: 60 updates of 30 ms on three CPU workers. How often it
 # saves and how it fails do not change its arithmetic, so every such run must end with the
-# parameters of its uninterrupted run (the ``slow_straight`` fixture).
+# parameters of its uninterrupted run (the ``slow_straight`` fixture). Its heartbeat timeout is long
+# enough that a worker slowed by a busy machine (tests run on several xdist workers) never counts as
+# hung; a test that hangs a worker on purpose passes HANG_FLAGS after these.
 FLAGS = ["--model", SPEC, "--model-options", '{"delay": 0.03}', "--batch-size", "8", "--cpu-workers", "3",
-         "--max-steps", "60", "--heartbeat-timeout", "3"]
+         "--max-steps", "60", "--heartbeat-timeout", "10"]
+HANG_FLAGS = ["--heartbeat-timeout", "3"]
 
 
 class Slow(torch.nn.Linear):

@@ -27,8 +27,10 @@ def run_train(tmp_path: Path, *flags: str, name: str = "run") -> tuple[list[dict
     return train(config, gpus), save
 
 
-def cli(script: str, *flags: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``python SCRIPT FLAGS`` (Train.py, Test.py, a script) in a fresh interpreter, its output captured."""
+def cli(script: str, *flags: str, env: dict[str, str] | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python SCRIPT FLAGS`` (Train.py, Test.py, a script) in a fresh interpreter, its output captured;
+    in ``cwd``, by default the test's own folder (tests/conftest.py)."""
     return subprocess.run([sys.executable, str(ROOT / script), *flags], capture_output=True, text=True,
                           timeout=240, cwd=cwd, env={**os.environ, **(env or {})})
 
