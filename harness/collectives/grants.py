@@ -1,0 +1,84 @@
+"""Inner updates in proportion to measured speed (``--mode async``): the Asynchronous Local-SGD paper's
+*dynamic local updates* (2401.09135), granted from one budget that every worker shares.
+
+A run of N workers for T updates each (``--max-steps``, or ``--epochs``' worth) trains on the samples of
+N*T updates in every mode; that is the async run's *budget*. With every answer the server grants the
+worker the number of inner updates to run before its next push and counts them against the budget, so
+the run ends when the budget is spent (each of its samples trained on once), not when the slowest worker
+has done its T:
+
+- S = 0 (synchronous DiLoCo, not proportional): K each, out of the worker's own T, so every worker runs
+  what ``--mode param`` runs (K a round; what is left of T, if less, in the last).
+- S >= 1 (proportional): ``K_i = K * rate_i / mean rate`` (at least 1). ``rate_i`` is the updates of
+  worker i's last grant over the seconds from the answer that granted them to the push that brought them
+  (its compute and its link both: what decides when it is back); until every rate is known, K. The K_i
+  add up to N*K, so the workers come back at about the same moment, a round as long as the others'.
+- Near the end a grant is also capped at the worker's *share* of the work left (the updates not granted
+  yet, plus those the other active workers are expected still to run of theirs), split in proportion to
+  the rates: every worker is expected to finish at the same moment, instead of the fast one idling while
+  the slow one runs a whole grant.
+
+When a worker pushes, the part of its grant it did not run (a worker that stopped early) goes back to the
+budget, so the updates granted and run always add up: at a consistent point (every worker parked) each
+worker's ``given`` is what it has run, the checkpoint's record of the budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Grants:
+    """The budget ledger of ``workers`` workers: ``budget`` updates in all, ``every`` (K) the mean grant;
+    ``proportional`` False: K each out of each worker's equal share (S = 0). Per worker: ``given``, the
+    updates it has run or is running (a checkpoint's record of the budget spent), ``current``, its running
+    grant, ``rates`` (updates a second, None until measured) and ``since``, when it was last granted (on the
+    server's clock)."""
+    budget: int
+    every: int
+    workers: int
+    proportional: bool
+    given: list[int] = field(init=False)
+    current: list[int] = field(init=False)
+    rates: list[float | None] = field(init=False)
+    since: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.given, self.current = [0] * self.workers, [0] * self.workers
+        self.rates, self.since = [None] * self.workers, [0.0] * self.workers
+
+    @property
+    def left(self) -> int:
+        """Updates of the budget not granted yet."""
+        return self.budget - sum(self.given)
+
+    def deliver(self, rank: int, updates: int, arrived: float) -> None:
+        """Worker ``rank`` pushed ``updates`` updates at ``arrived``: its rate is measured, and whatever
+        of its grant it did not run goes back to the budget."""
+        seconds = arrived - self.since[rank]
+        if updates and seconds > 0:
+            self.rates[rank] = updates / seconds
+        self.given[rank] += updates - self.current[rank]
+        self.current[rank] = 0
+
+    def grant(self, rank: int, now: float, active: set[int]) -> int:
+        """The updates worker ``rank`` is to run from ``now`` before its next push (0: none left);
+        ``active``: the workers that will still take grants (not parked), for its share of the rest."""
+        if self.proportional:
+            granted = min(self._proportional(rank, now, active), self.left)
+        else:
+            granted = min(self.every, self.budget // self.workers - self.given[rank])
+        self.given[rank] += granted
+        self.current[rank], self.since[rank] = granted, now
+        return granted
+
+    def _proportional(self, rank: int, now: float, active: set[int]) -> int:
+        """K * rate / mean rate, capped at the worker's share of the work left (K until every rate is known)."""
+        rates = [self.rates[r] for r in sorted(active | {rank})]
+        if any(rate is None for rate in rates):
+            return self.every
+        mine = self.rates[rank]
+        want = self.every * mine * len(rates) / sum(rates)
+        running = sum(max(0.0, self.current[r] - self.rates[r] * (now - self.since[r])) for r in active - {rank})
+        share = mine * (self.left + running) / sum(rates)
+        return max(1, round(min(want, share)))
