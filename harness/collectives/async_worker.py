@@ -70,6 +70,7 @@ class AsyncSynchroniser(Synchroniser):
         self.pushed_at = 0              # the update this worker last pushed after
         self.step = 0                   # the update this worker last made
         self.parked = False             # the last answer was a consistent point's
+        self.final = False              # and the run's last one
         self.asked: set[str] = set()    # what answers asked that the loop has not done yet: "validate", "save"
         self.server_state: dict | None = None       # rank 0's: the server's at the last checkpoint
 
@@ -79,6 +80,7 @@ class AsyncSynchroniser(Synchroniser):
         state = (self.served or {"anchor": host(self.flat.params), "momentum": None, "version": 0}) \
             if self.rank == 0 else None
         self._adopt(self.request(("join", state)))
+        self._wait()
 
     def after_step(self, step: int) -> None:
         self.step = step
@@ -125,13 +127,20 @@ class AsyncSynchroniser(Synchroniser):
                                        "park": park, "signal": why}))
         self.pushed_at = step
         self._adopt(reply)
+        self._wait()
+
+    def _wait(self) -> None:
+        """Granted nothing at a release that is not the run's last (one with fewer updates left than workers):
+        park until the last, which every worker takes part in (its checkpoint is everyone's)."""
+        while self.parked and not self.grant and not self.final:
+            self._push(self.pushed_at, park=True)
 
     def _adopt(self, reply: dict) -> None:
         for anchor, param, served in zip(self.anchor, self.flat.params, reply["anchor"]):
             anchor.copy_(served)
             param.copy_(anchor)
         self.version, self.stop_why, self.grant = reply["version"], reply["stop_why"], reply["grant"]
-        self.updates, self.parked = reply["updates"], reply["parked"]
+        self.updates, self.parked, self.final = reply["updates"], reply["parked"], reply["final"]
         self.asked |= {what for what in ("validate", "save") if reply[what]}
         if "server" in reply:
             self.server_state = {**reply["server"], "anchor": host(self.anchor)}

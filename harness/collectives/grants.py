@@ -21,6 +21,11 @@ has done its T:
 When a worker pushes, the part of its grant it did not run (a worker that stopped early) goes back to the
 budget, so the updates granted and run always add up: at a consistent point (every worker parked) each
 worker's ``given`` is what it has run, the checkpoint's record of the budget.
+
+The same measurements tell the server when a worker is due back (``back_within``: the server lets a push
+wait for workers about to come back, so that their pushes are averaged rather than applied one by one,
+each stale) and which worker is the fastest (``fastest``: the one asked to validate). Rates are not
+checkpointed: a resumed run grants K until it has measured them again.
 """
 from __future__ import annotations
 
@@ -52,20 +57,24 @@ class Grants:
         """Updates of the budget not granted yet."""
         return self.budget - sum(self.given)
 
-    def deliver(self, rank: int, updates: int, arrived: float) -> None:
-        """Worker ``rank`` pushed ``updates`` updates at ``arrived``: its rate is measured, and whatever
-        of its grant it did not run goes back to the budget."""
+    def measure(self, rank: int, updates: int, arrived: float) -> None:
+        """Worker ``rank``'s push of ``updates`` updates arrived at ``arrived``: its rate."""
         seconds = arrived - self.since[rank]
         if updates and seconds > 0:
             self.rates[rank] = updates / seconds
+
+    def deliver(self, rank: int, updates: int) -> None:
+        """Worker ``rank``'s push of ``updates`` updates is applied: whatever of its grant it did not run goes
+        back to the budget."""
         self.given[rank] += updates - self.current[rank]
         self.current[rank] = 0
 
-    def grant(self, rank: int, now: float, active: set[int]) -> int:
+    def grant(self, rank: int, now: float, active: set[int], reserve: int = 0) -> int:
         """The updates worker ``rank`` is to run from ``now`` before its next push (0: none left);
-        ``active``: the workers that will still take grants (not parked), for its share of the rest."""
+        ``active``: the workers that will still take grants (not parked), for its share of the rest;
+        ``reserve``: updates to leave for workers granted at the same moment, one each."""
         if self.proportional:
-            granted = min(self._proportional(rank, now, active), self.left)
+            granted = max(0, min(self._proportional(rank, now, active), self.left - reserve))
         else:
             granted = min(self.every, self.budget // self.workers - self.given[rank])
         self.given[rank] += granted
@@ -82,3 +91,17 @@ class Grants:
         running = sum(max(0.0, self.current[r] - self.rates[r] * (now - self.since[r])) for r in active - {rank})
         share = mine * (self.left + running) / sum(rates)
         return max(1, round(min(want, share)))
+
+    def fastest(self, otherwise: int) -> int:
+        """The worker with the highest measured rate (``otherwise`` while none is measured)."""
+        measured = [r for r, rate in enumerate(self.rates) if rate is not None]
+        return max(measured, key=lambda r: self.rates[r]) if measured else otherwise
+
+    def back_within(self, ranks: list[int], now: float, fraction: float) -> bool:
+        """Whether each of ``ranks`` is expected to push (its grant at its measured rate) within ``fraction``
+        of a round (K at the mean rate) from ``now``; False where a rate is not measured yet."""
+        rates = [rate for rate in self.rates if rate is not None]
+        if len(rates) < self.workers or any(not self.current[r] for r in ranks):
+            return False
+        limit = fraction * self.every * len(rates) / sum(rates)
+        return all(self.since[r] + self.current[r] / self.rates[r] - now <= limit for r in ranks)

@@ -13,24 +13,34 @@ On each push (and after each step it applies) the server repeats, until neither 
 2. else the oldest pending push alone, as its 1/N share of a round (its delta divided by the number of
    workers: applied whole, one worker's pushes moved the anchor N times too far, and the slow-link bench
    ended at a validation loss of 3.78 against 2.76), if no active worker without a pending push would
-   then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u.
+   then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u, and unless every such
+   u is due back within HOLD of a round (its grant at its measured rate, harness/collectives/grants.py),
+   in which case the push waits for them and rule 1 averages them all.
 
 With S = 0 rule 2 never fires: every version is one synchronous round, the very arithmetic of
 ``--mode param --outer-optimizer nesterov`` (harness/collectives/outer.py). With S >= 1 a fast
-worker never waits unless it would leave a slow one more than S versions behind, and a push is
-never applied more than S versions stale (while u has no push pending, V stays <= base_u + S).
+worker waits only where it would leave a slow one more than S versions behind, or where the others are
+about to come back: grants in proportion to speed bring the workers back at about the same moment, and
+pushes applied one by one, each stale by one version, ended the slow-link bench at a validation loss of
+3.27 (3.02 with both hosts at full speed) against DiLoCo's 2.67; waited for, 2.69. A push is never applied
+more than S versions stale (while u has no push pending, V stays <= base_u + S).
 
 The run's shared points are counted in updates applied, all workers' together (``Plan``), never in a
 worker's own updates, which differ from worker to worker:
-- a validation: the worker whose push passes a multiple of ``validate_every`` is asked (``validate`` in its
-  answer) to evaluate the anchor it was answered with; the others train on. Not a barrier.
+- a validation: once a push passes a multiple of ``validate_every``, the fastest worker (by measured rate;
+  the pusher while none is measured) is asked in its next answer (``validate``) to evaluate the anchor it
+  was answered with; the others train on. Not a barrier; a multiple passed before that answer is not asked
+  again.
 - a checkpoint, the run's end and a stop need a consistent point: *parking*. A parked push is applied like
   any other but answered only once every worker is parked; parked workers are not waited for (rules 1 and
   2 skip them). Then all of them get the same anchor and version. Once the updates applied pass a multiple
   of a ``save_every``, every push is parked until all are, and the answers say ``save``. Once nothing is
   left to grant, or a worker's push reports a signal (or a loss that is not finite), every push is parked:
-  each worker's after the updates it was granted. The answers then grant 0 and say ``save`` (but after a
-  loss that is not finite), and at the run's end (not at a stop) ask rank 0 to ``validate`` the final anchor.
+  each worker's after the updates it was granted. The answers then grant 0, are ``final`` and say ``save``
+  (but after a loss that is not finite), and at the run's end (not at a stop) ask the fastest worker to
+  ``validate`` the final anchor. Every worker is granted at least one update at any other release (a
+  checkpoint is not made with fewer updates left than workers); where it cannot be (a resume with fewer
+  left), a worker granted 0 parks until the final release, so that every worker saves at every release.
 
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
@@ -47,6 +57,7 @@ import torch
 from .grants import Grants
 from .outer import OuterOptimizer
 
+HOLD = 0.25     # a push waits for workers due back within this share of a round (rule 2)
 Answer = tuple[int, dict | None]        # (rank, what that rank is answered)
 
 
@@ -140,11 +151,13 @@ class ParameterServer:
         if any(p.rank == rank for p in self.pending) or rank in self.parked:
             raise RuntimeError(f"worker {rank} pushed at update {step} while its previous push is unanswered")
         self.stop_why = self.stop_why or signal
+        arrived = self.clock()
+        self.grants.measure(rank, updates, arrived)
         if delta is None:
-            self.grants.deliver(rank, 0, self.clock())
+            self.grants.deliver(rank, 0)
             self.parked.add(rank)
         else:
-            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, self.clock()))
+            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -163,12 +176,14 @@ class ParameterServer:
         idle = [r for r in range(self.workers) if r not in waiting and r not in self.parked]
         if not idle:
             return sorted(self.pending, key=lambda p: p.rank)
-        if all(self.version + 1 - self.base[u] <= self.max_staleness for u in idle):
+        if all(self.version + 1 - self.base[u] <= self.max_staleness for u in idle) \
+                and not self.grants.back_within(idle, self.clock(), HOLD):
             return [self.pending[0]]
         return None
 
     def _apply(self, batch: list[Push]) -> list[Answer]:
-        """One outer step with the batch's average; its pushes answered, or parked."""
+        """One outer step with the batch's average; its pushes counted, then answered or parked (all of them
+        parked if any passes a checkpoint's point: at S = 0 every worker must stop at the same round)."""
         total = [t.clone() for t in batch[0].delta]
         for push in batch[1:]:
             for t, d in zip(total, push.delta):
@@ -187,6 +202,7 @@ class ParameterServer:
                                  "staleness": before - push.base, "version": self.version,
                                  "inner_updates": push.updates})
             self.base[push.rank] = self.version
+        for push in batch:
             if push.park or self.saving or self._finished():
                 self.parked.add(push.rank)
             else:
@@ -196,13 +212,14 @@ class ParameterServer:
     def _count(self, push: Push) -> None:
         """The push's updates counted; the points they pass (a validation, a checkpoint) made due."""
         before = self.applied
-        self.grants.deliver(push.rank, push.updates, push.arrived)
+        self.grants.deliver(push.rank, push.updates)
         after = self.applied
         if after < self.plan.budget:        # the end validates and saves anyway
             if passes(before, after, self.plan.validate_every):
-                self.validator = push.rank
-            self.saving = self.saving or self.plan.saves and any(passes(before, after, every)
-                                                                 for every in self.plan.save_every)
+                self.validator = self.grants.fastest(otherwise=push.rank)
+            # not with fewer updates left than workers: at the release each must be granted one
+            self.saving = self.saving or self.plan.saves and self.grants.left >= self.workers \
+                and any(passes(before, after, every) for every in self.plan.save_every)
 
     def _finished(self) -> bool:
         """Whether no more updates will be granted: the budget is spent, or the run stops."""
@@ -217,25 +234,28 @@ class ParameterServer:
         if save:
             self.saved = self.applied
         if finished and not self.stop_why:
-            self.validator = 0
+            self.validator = self.grants.fastest(otherwise=0)
         self.parked, self.saving = set(), False
         self.base = [self.version] * self.workers
         now = self.clock()
-        answers = [(r, {**self._reply(r, now), "parked": True, "save": save}) for r in range(self.workers)]
+        answers = [(r, {**self._reply(r, now, reserve=self.workers - 1 - r), "parked": True, "save": save,
+                        "final": finished}) for r in range(self.workers)]
         if save:
             answers[0][1]["server"] = self.state()
         return answers
 
-    def _reply(self, rank: int, now: float) -> dict[str, Any]:
+    def _reply(self, rank: int, now: float, reserve: int = 0) -> dict[str, Any]:
         """The anchor and version (a copy: the server goes on updating its own), the worker's next grant
-        (0 once the run is finished) and whether it is to validate that anchor."""
-        grant = 0 if self.stop_why else self.grants.grant(rank, now, set(range(self.workers)) - self.parked)
+        (0 once the run is finished; ``reserve``: updates to leave for the workers answered after it at a
+        release) and whether it is to validate that anchor."""
+        active = set(range(self.workers)) - self.parked
+        grant = 0 if self.stop_why else self.grants.grant(rank, now, active, reserve)
         validate = self.validator == rank
         if validate:
             self.validator = None
         return {"anchor": [t.clone() for t in self.anchor], "version": self.version, "grant": grant,
                 "updates": self.applied, "validate": validate, "stop_why": self.stop_why, "parked": False,
-                "save": False}
+                "save": False, "final": False}
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a
