@@ -89,7 +89,7 @@ def test_a_worker_pushing_twice_as_often_waits_exactly_when_it_would_exceed_stal
     assert all(0 <= s <= 1 for s in stalenesses)
 
 
-def test_a_push_waits_for_a_worker_due_back_within_a_quarter_round_and_both_make_one_outer_step():
+def test_a_push_waits_for_a_worker_due_back_within_half_a_round_and_both_make_one_outer_step():
     clock = Clock()
     server = started(2, 1, clock=clock)
     clock.now = 1.0
