@@ -14,16 +14,16 @@ On each push (and after each step it applies) the server repeats, until neither 
    workers: applied whole, one worker's pushes moved the anchor N times too far, and the slow-link bench
    ended at a validation loss of 3.78 against 2.76), if no active worker without a pending push would
    then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u, and unless every such
-   u is due back within HOLD of a round (its grant at its measured rate, harness/collectives/grants.py),
-   in which case the push waits for them and rule 1 averages them all.
+   u is due back within HOLD of a round (its grant at its measured rate, harness/collectives/grants.py;
+   or not measured yet: the first round), in which case the push waits for them and rule 1 averages them.
 
 With S = 0 rule 2 never fires: every version is one synchronous round, the very arithmetic of
 ``--mode param --outer-optimizer nesterov`` (harness/collectives/outer.py). With S >= 1 a fast
 worker waits only where it would leave a slow one more than S versions behind, or where the others are
 about to come back: grants in proportion to speed bring the workers back at about the same moment, and
 pushes applied one by one, each stale by one version, ended the slow-link bench at a validation loss of
-3.27 (3.02 with both hosts at full speed) against DiLoCo's 2.67; waited for, 2.69. A push is never applied
-more than S versions stale (while u has no push pending, V stays <= base_u + S).
+3.27 to 3.59 (3.02 with both hosts at full speed) against DiLoCo's 2.67. A push is never applied more than
+S versions stale (while u has no push pending, V stays <= base_u + S).
 
 The run's shared points are counted in updates applied, all workers' together (``Plan``), never in a
 worker's own updates, which differ from worker to worker:
@@ -98,15 +98,16 @@ def passes(before: int, after: int, every: int) -> bool:
 
 class ParameterServer:
     """The rule of the module's docstring for ``workers`` workers; ``every`` is K; ``clock``: the seconds the
-    grants measure speed in (tests pass their own). ``records`` collects one "outer_sync" record per applied
-    push (and the workers' validation records), for the run's metrics.jsonl."""
+    grants measure speed in; ``hold``: HOLD (0: a push never waits for workers due back; tests of the
+    staleness rule alone). ``records`` collects one "outer_sync" record per applied push (and the workers'
+    validation records), for the run's metrics.jsonl."""
 
     def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int, plan: Plan,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, hold: float = HOLD):
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness}: must be 0 or more (0 is synchronous DiLoCo)")
         self.workers, self.outer, self.every, self.max_staleness = workers, outer, every, max_staleness
-        self.plan, self.clock = plan, clock
+        self.plan, self.clock, self.hold = plan, clock, hold
         self.grants = Grants(plan.budget, every, workers, proportional=max_staleness > 0)
         self.anchor: list[torch.Tensor] | None = None
         self.momentum: list[torch.Tensor] | None = None
@@ -178,7 +179,7 @@ class ParameterServer:
         if not idle:
             return sorted(self.pending, key=lambda p: p.rank)
         if all(self.version + 1 - self.base[u] <= self.max_staleness for u in idle) \
-                and not self.grants.back_within(idle, self.clock(), HOLD):
+                and not (self.hold and self.grants.back_within(idle, self.clock(), self.hold)):
             return [self.pending[0]]
         return None
 
@@ -193,7 +194,6 @@ class ParameterServer:
         for anchor, t, m in zip(self.anchor, total, momentum):     # each push is its 1/N share of a round
             self.outer.step(anchor, t.div_(self.workers).to(anchor.dtype), m)
         before, self.version = self.version, self.version + 1
-        answers = []
         now = self.clock()
         for push in batch:
             self.pending.remove(push)
@@ -203,12 +203,23 @@ class ParameterServer:
                                  "staleness": before - push.base, "version": self.version,
                                  "inner_updates": push.updates})
             self.base[push.rank] = self.version
+        answered = []
         for push in batch:
             if push.park or self.saving or self._finished():
                 self.parked.add(push.rank)
             else:
-                answers.append((push.rank, self._reply(push.rank, now)))
-        return answers
+                answered.append(push.rank)
+        return [(rank, self._reply(rank, grant)) for rank, grant in zip(answered, self._grants(answered, now))]
+
+    def _grants(self, ranks: list[int], now: float) -> list[int]:
+        """The next grants of ``ranks``, answered now: nothing once the run stops; together where they are all
+        the workers still taking grants (harness/collectives/grants.py), else the one alone."""
+        active = set(range(self.workers)) - self.parked
+        if self.stop_why or not ranks:
+            return [0] * len(ranks)
+        if active <= set(ranks):
+            return self.grants.share_out(ranks, now)
+        return [self.grants.grant(rank, now, active) for rank in ranks]
 
     def _count(self, push: Push) -> None:
         """The push's updates counted; the points they pass (a validation, a checkpoint) made due."""
@@ -229,7 +240,7 @@ class ParameterServer:
     def _release(self) -> list[Answer]:
         """Every worker answered at a consistent point, with the same anchor and version: ``save`` if a
         checkpoint is due, or the run ends with something new to save (then rank 0, which writes it, gets the
-        server's state too), and at the run's end rank 0 asked to validate the final anchor."""
+        server's state too), and at the run's end the fastest worker asked to validate the final anchor."""
         finished = self._finished()
         save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
         if save:
@@ -239,18 +250,16 @@ class ParameterServer:
         self.parked, self.saving = set(), False
         self.base = [self.version] * self.workers
         now = self.clock()
-        answers = [(r, {**self._reply(r, now, reserve=self.workers - 1 - r), "parked": True, "save": save,
-                        "final": finished}) for r in range(self.workers)]
+        ranks = list(range(self.workers))
+        answers = [(r, {**self._reply(r, grant), "parked": True, "save": save, "final": finished})
+                   for r, grant in zip(ranks, self._grants(ranks, now))]
         if save:
             answers[0][1]["server"] = self.state()
         return answers
 
-    def _reply(self, rank: int, now: float, reserve: int = 0) -> dict[str, Any]:
+    def _reply(self, rank: int, grant: int) -> dict[str, Any]:
         """The anchor and version (a copy: the server goes on updating its own), the worker's next grant
-        (0 once the run is finished; ``reserve``: updates to leave for the workers answered after it at a
-        release) and whether it is to validate that anchor."""
-        active = set(range(self.workers)) - self.parked
-        grant = 0 if self.stop_why else self.grants.grant(rank, now, active, reserve)
+        and whether it is to validate that anchor."""
         validate = self.validator == rank
         if validate:
             self.validator = None
