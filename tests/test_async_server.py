@@ -89,7 +89,7 @@ def test_a_worker_pushing_twice_as_often_waits_exactly_when_it_would_exceed_stal
     assert all(0 <= s <= 1 for s in stalenesses)
 
 
-def test_a_push_waits_for_workers_not_measured_yet_or_due_back_within_half_a_round_and_they_are_averaged():
+def test_a_push_waits_for_workers_not_measured_yet_or_due_back_within_a_round_and_they_are_averaged():
     clock = Clock()
     server = started(2, 1, clock=clock)
     clock.now = 1.0
@@ -97,7 +97,7 @@ def test_a_push_waits_for_workers_not_measured_yet_or_due_back_within_half_a_rou
     clock.now = 2.0
     answers = dict(server.push(1, 4, 4, delta(0.4)))       # 4 and 2 updates a second: 8 granted, split 5 and 3
     assert server.version == 1 and [answers[0]["grant"], answers[1]["grant"]] == [5, 3]
-    clock.now = 3.25                # worker 0's 5 at 4 a second; worker 1 is due back at 3.5, within half a round
+    clock.now = 3.25                # worker 0's 5 at 4 a second; worker 1 is due back at 3.5, within a round
     assert server.push(0, 9, 5, delta(0.2)) == []
     clock.now = 3.5
     answers = dict(server.push(1, 7, 3, delta(0.4)))
