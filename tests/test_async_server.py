@@ -2,24 +2,41 @@
 of Train.py that equal synchronous DiLoCo at S = 0, keep within S with a slow worker, and resume."""
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import signal
+import time
+from typing import Callable
 
 import pytest
 import torch
 
 from harness import ChildError, Parent
 from harness.collectives.outer import OuterOptimizer
-from harness.collectives.server import ParameterServer
+from harness.collectives.grants import Grants
+from harness.collectives.server import HOLD, ParameterServer, Plan
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
-from tests.helpers.runs import interrupt
+from tests.helpers.runs import finish, interrupt, start_train
 from tests.helpers.training import cli, flat_params, run_train, train_error
 
 
-def started(workers: int, staleness: int, kind: str = "nesterov") -> ParameterServer:
-    server = ParameterServer(workers, OuterOptimizer(kind, 0.7, 0.9), every=4, max_staleness=staleness)
+class Clock:
+    """Virtual seconds for the server's grants."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def started(workers: int, staleness: int, kind: str = "nesterov", plan: Plan = Plan(1000),
+            clock: Callable[[], float] = time.monotonic, hold: float = HOLD) -> ParameterServer:
+    server = ParameterServer(workers, OuterOptimizer(kind, 0.7, 0.9), every=4, max_staleness=staleness, plan=plan,
+                             clock=clock, hold=hold)
     answers = []
     for rank in range(workers):
         answers += server.join(rank, {"anchor": [torch.zeros(3)], "version": 0} if rank == 0 else None)
@@ -33,9 +50,9 @@ def delta(value: float) -> list[torch.Tensor]:
 
 def test_with_staleness_0_nobody_is_answered_until_every_worker_has_pushed():
     server = started(3, 0)
-    assert server.push(0, 4, delta(1.0)) == []
-    assert server.push(2, 4, delta(2.0)) == []
-    answers = server.push(1, 4, delta(3.0))
+    assert server.push(0, 4, 4, delta(1.0)) == []
+    assert server.push(2, 4, 4, delta(2.0)) == []
+    answers = server.push(1, 4, 4, delta(3.0))
     assert [r for r, _ in answers] == [0, 1, 2]
     assert {a["version"] for _, a in answers} == {1}
     assert [r["staleness"] for r in server.records] == [0, 0, 0]
@@ -43,51 +60,156 @@ def test_with_staleness_0_nobody_is_answered_until_every_worker_has_pushed():
 
 def test_the_averaged_step_is_the_hand_computed_nesterov_update():
     server = started(2, 0)
-    server.push(0, 4, delta(0.2))
-    answers = server.push(1, 4, delta(0.4))
+    server.push(0, 4, 4, delta(0.2))
+    answers = server.push(1, 4, 4, delta(0.4))
     # average 0.3; m = 0.3; anchor = 0 - 0.7 * (0.3 + 0.9 * 0.3)
     expected = torch.zeros(3) - 0.7 * (torch.full((3,), 0.3) + 0.9 * torch.full((3,), 0.3))
     assert torch.allclose(answers[0][1]["anchor"][0], expected)
-    server.push(0, 8, delta(0.1))
-    answers = server.push(1, 8, delta(0.1))
+    server.push(0, 8, 4, delta(0.1))
+    answers = server.push(1, 8, 4, delta(0.1))
     m = 0.9 * 0.3 + 0.1
     assert torch.allclose(answers[0][1]["anchor"][0], expected - 0.7 * (0.1 + 0.9 * m))
 
 
 def test_a_worker_pushing_twice_as_often_waits_exactly_when_it_would_exceed_staleness_1():
-    server = started(2, 1)
+    server = started(2, 1, hold=0)       # the staleness rule alone: no push waits for a worker due back
     waits = 0
     for tick in range(1, 13):        # the fast worker (0) pushes every tick, the slow one (1) every other
         pending_fast = any(p.rank == 0 for p in server.pending)
         if not pending_fast:
             before = server.version
-            answers = server.push(0, 4 * tick, delta(0.1))
+            answers = server.push(0, 4 * tick, 4, delta(0.1))
             if 0 not in [r for r, _ in answers]:
                 waits += 1
                 assert before + 1 - server.base[1] > 1      # it waits only where applying would exceed S
         if tick % 2 == 0:
-            server.push(1, 4 * tick, delta(-0.1))
+            server.push(1, 4 * tick, 8, delta(-0.1))
     stalenesses = [r["staleness"] for r in server.records]
     assert max(stalenesses) == 1 and waits > 0
     assert all(0 <= s <= 1 for s in stalenesses)
 
 
+def test_a_push_waits_for_workers_not_measured_yet_or_due_back_within_a_round_and_they_are_averaged():
+    clock = Clock()
+    server = started(2, 1, clock=clock)
+    clock.now = 1.0
+    assert server.push(0, 4, 4, delta(0.2)) == []          # worker 1 is in its first grant: the first round waits
+    clock.now = 2.0
+    answers = dict(server.push(1, 4, 4, delta(0.4)))       # 4 and 2 updates a second: 8 granted, split 5 and 3
+    assert server.version == 1 and [answers[0]["grant"], answers[1]["grant"]] == [5, 3]
+    clock.now = 3.25                # worker 0's 5 at 4 a second; worker 1 is due back at 3.5, within a round
+    assert server.push(0, 9, 5, delta(0.2)) == []
+    clock.now = 3.5
+    answers = dict(server.push(1, 7, 3, delta(0.4)))
+    assert sorted(answers) == [0, 1] and server.version == 2 and max(r["staleness"] for r in server.records) == 0
+
+
+def test_a_worker_granted_nothing_before_the_last_answer_waits_parked_and_saves_with_the_others():
+    server = ParameterServer(2, OuterOptimizer(), every=4, max_staleness=1, plan=Plan(5, saves=True), clock=Clock())
+    server.join(1, None)
+    answers = dict(server.join(0, {"anchor": [torch.zeros(3)], "version": 3, "updates": [2, 2]}))   # 1 update left
+    assert [answers[r]["grant"] for r in (0, 1)] == [1, 0] and not answers[1]["final"]
+    assert server.push(1, 2, 0, None, park=True) == []                  # it waits for the last answer
+    answers = server.push(0, 3, 1, delta(0.1))
+    assert sorted(r for r, _ in answers) == [0, 1] and server.grants.given == [3, 2]
+    assert all(a["final"] and a["save"] and a["grant"] == 0 for _, a in answers)
+
+
 def test_parked_workers_are_not_waited_for_and_are_answered_together():
-    server = started(2, 1)
-    assert server.push(0, 4, delta(0.1), park=True) == []         # applied, then parked
+    server = started(2, 1, hold=0)
+    assert server.push(0, 4, 4, delta(0.1), park=True) == []         # applied, then parked
     assert server.version == 1
-    assert [r for r, _ in server.push(1, 2, delta(0.2))] == [1]    # not held back by the parked worker
+    assert [r for r, _ in server.push(1, 2, 2, delta(0.2))] == [1]    # not held back by the parked worker
     assert server.version == 2 and server.records[-1]["staleness"] == 1
-    answers = server.push(1, 4, None, park=True)
+    answers = server.push(1, 4, 2, None, park=True)
     assert sorted(r for r, _ in answers) == [0, 1]
     assert answers[0][1]["version"] == server.version == 2 and server.base == [2, 2]
 
 
-def test_a_signal_announces_a_stop_at_the_next_boundary_no_worker_has_passed():
-    server = started(2, 1)
-    server.push(0, 8, delta(0.1))
-    answers = server.push(1, 4, delta(0.1), signal=15)
-    assert server.stop_at == 12 and all(a["stop_at"] == 12 for _, a in answers)
+def test_after_a_signal_every_worker_runs_out_its_grant_then_all_stop_together_and_save():
+    server = started(2, 1, plan=Plan(1000, saves=True), hold=0)
+    [(_, answer)] = server.push(0, 4, 4, delta(0.1))
+    assert answer["grant"] > 0
+    assert server.push(1, 4, 4, delta(0.1), signal=15) == []      # applied, parked: nothing more is granted
+    answers = server.push(0, 4 + answer["grant"], answer["grant"], delta(0.1))
+    assert sorted(r for r, _ in answers) == [0, 1]
+    assert all(a["grant"] == 0 and a["stop_why"] == 15 and a["save"] and a["parked"] for _, a in answers)
+    assert answers[0][1]["server"]["updates"] == [4 + answer["grant"], 4]    # the budget spent, per worker
+    assert not any(a["validate"] for _, a in answers)                  # a stop is not the run's end
+
+
+def simulated(speeds: tuple[float, ...], budget: int, proportional: bool) -> tuple[list[list[int]], list[float]]:
+    """Workers of ``speeds`` (updates a second) taking grants (K = 50) in virtual time until the budget is
+    spent: the grants each ran, in order, and when each ended."""
+    n = len(speeds)
+    grants = Grants(budget, 50, n, proportional)
+    running = {r: (grants.grant(r, 0.0, set(range(n))), 0.0) for r in range(n)}      # rank: (grant, since)
+    ran, ended = [[] for _ in speeds], [0.0] * n
+    while running:
+        rank = min(running, key=lambda r: running[r][1] + running[r][0] / speeds[r])
+        granted, since = running.pop(rank)
+        ended[rank] = since + granted / speeds[rank]
+        grants.measure(rank, granted, ended[rank])
+        grants.deliver(rank, granted)
+        ran[rank].append(granted)
+        if following := grants.grant(rank, ended[rank], set(running) | {rank}):
+            running[rank] = (following, ended[rank])
+    return ran, ended
+
+
+def test_grants_follow_the_measured_speed_and_spend_the_budget_exactly():
+    ran, ended = simulated((2.0, 1.0), 400, proportional=True)
+    assert ran[0][:2] == [50, 50] and ran[1][:1] == [50]                # K until both speeds are measured
+    assert ran[0][2:4] == [67, 67] and ran[1][1:3] == [33, 33]         # K * rate / mean rate: 50 * 2 / 1.5, 50 / 1.5
+    assert sum(map(sum, ran)) == 400
+    assert abs(ended[0] - ended[1]) < 1.0       # the last grants shrink so that both end within one slow update
+
+
+def test_at_staleness_0_every_worker_is_granted_k_out_of_its_own_share_whatever_its_speed():
+    ran, _ = simulated((2.0, 1.0), 410, proportional=False)
+    assert ran == [[50, 50, 50, 50, 5]] * 2
+
+
+def test_what_a_worker_did_not_run_of_its_grant_goes_back_to_the_budget():
+    grants = Grants(100, 50, 2, proportional=True)
+    assert grants.grant(0, 0.0, {0, 1}) == 50 and grants.grant(1, 0.0, {0, 1}) == 50 and grants.left == 0
+    grants.measure(0, 20, 1.0)
+    grants.deliver(0, 20)                  # it stopped after 20
+    assert grants.given == [20, 50] and grants.left == 30 and grants.rates[0] == 20.0
+
+
+def served(speeds: tuple[float, ...], plan: Plan) -> tuple[ParameterServer, list[tuple[int, dict]]]:
+    """Workers of ``speeds`` (updates a second) against a server at S = 1, K = 4, in virtual time: each pushes
+    the updates it was granted that many seconds after its answer. Returns the server and every answer."""
+    clock = Clock()
+    server = ParameterServer(len(speeds), OuterOptimizer(), every=4, max_staleness=1, plan=plan, clock=clock)
+    answers = [a for rank in range(len(speeds))
+               for a in server.join(rank, {"anchor": [torch.zeros(3)], "version": 0} if rank == 0 else None)]
+    due = {r: (a["grant"] / speeds[r], a["grant"]) for r, a in answers}      # rank: (when it pushes, updates)
+    steps = [0] * len(speeds)
+    while due:
+        rank = min(due, key=lambda r: due[r][0])
+        clock.now, updates = due.pop(rank)
+        steps[rank] += updates
+        for r, answer in server.push(rank, steps[rank], updates, delta(0.1)):
+            answers.append((r, answer))
+            if answer["grant"]:
+                due[r] = (clock.now + answer["grant"] / speeds[r], answer["grant"])
+    return server, answers
+
+
+def test_the_server_grants_by_speed_asks_one_worker_per_validation_without_a_barrier_and_ends_on_the_budget():
+    server, answers = served((4.0, 1.0), Plan(96, validate_every=16))
+    syncs = [r for r in server.records if r["event"] == "outer_sync"]
+    granted = {rank: [r["inner_updates"] for r in syncs if r["rank"] == rank] for rank in (0, 1)}
+    assert sum(granted[0]) + sum(granted[1]) == 96                       # the budget, each update once
+    assert min(granted[0][1:]) > max(granted[1][1:])       # once measured, the fast one gets more
+    assert max(r["staleness"] for r in syncs) <= 1
+    asked = [(r, a) for r, a in answers if a["validate"]]
+    assert [a["parked"] for _, a in asked] == [False] * 5 + [True]       # 16, 32, ... 80 as they came; then the end
+    assert [a["updates"] // 16 for _, a in asked] == [1, 2, 3, 4, 5, 6] and asked[-1][0] == 0
+    final = [a for _, a in answers if a["parked"]][-2:]
+    assert all(a["grant"] == 0 for a in final) and server.grants.given == [sum(granted[0]), sum(granted[1])]
 
 
 def ask(ctx, service: str) -> object:
@@ -116,9 +238,10 @@ SERVED = ["--avg-every", "8", "--outer-optimizer", "nesterov", "--optimizer", "a
 
 
 def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp_path):
-    results, served = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "40",
-                                name="async")
-    _, synchronous = run_train(tmp_path, "--mode", "param", *SERVED, "--max-steps", "40", name="sync")
+    """With checkpoints too: their point (every 12 updates' worth) falls inside a round, which parks every worker."""
+    saves = ["--max-steps", "40", "--save-every-steps", "12"]
+    results, served = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *SERVED, *saves, name="async")
+    _, synchronous = run_train(tmp_path, "--mode", "param", *SERVED, *saves, name="sync")
     assert torch.equal(flat_params(served), flat_params(synchronous))
     assert len({r["checksum"] for r in results}) == 1          # every worker ends on the server's anchor
     syncs = [r for r in read_metrics(tmp_path / "async" / "metrics.jsonl") if r["event"] == "outer_sync"]
@@ -127,29 +250,66 @@ def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp
     assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 for r in syncs)
 
 
-def test_with_one_worker_slowed_no_push_is_applied_more_than_s_versions_stale(tmp_path):
-    slowed = ["--model", slow_model.SPEC, "--model-options", '{"delay": 0.05, "rank": 1}']
-    run_train(tmp_path, "--mode", "async", "--max-staleness", "1", *SERVED[:1], "2", *SERVED[2:], *slowed,
-              "--max-steps", "30", name="uneven")
-    syncs = [r for r in read_metrics(tmp_path / "uneven" / "metrics.jsonl") if r["event"] == "outer_sync"]
-    assert max(r["staleness"] for r in syncs) == 1 and min(r["staleness"] for r in syncs) == 0
-    fast = [r["step"] for r in syncs if r["rank"] == 0]
-    assert fast == list(range(2, 31, 2))            # the fast worker's every push was applied, once
+SLOWED = ["--model", slow_model.SPEC, "--model-options", '{"delay": 0.05, "rank": 1}']
+
+
+def ran_by_rank(syncs: list[dict]) -> dict[int, list[int]]:
+    """The inner updates of each worker's applied pushes, in order."""
+    return {rank: [r["inner_updates"] for r in syncs if r["rank"] == rank] for rank in (0, 1)}
+
+
+def test_with_one_worker_slowed_the_fast_one_runs_more_of_the_exact_budget_and_staleness_stays_within_s(tmp_path):
+    results, _ = run_train(tmp_path, "--mode", "async", "--max-staleness", "1", *SERVED[:1], "4", *SERVED[2:],
+                           *SLOWED, "--max-steps", "30", "--validate-every", "5", name="uneven")
+    records = read_metrics(tmp_path / "uneven" / "metrics.jsonl")
+    syncs = [r for r in records if r["event"] == "outer_sync"]
+    assert max(r["staleness"] for r in syncs) <= 1 and min(r["staleness"] for r in syncs) == 0
+    ran = ran_by_rank(syncs)
+    assert sum(ran[0]) + sum(ran[1]) == 2 * 30          # the samples of 30 updates on each worker, each once
+    assert sum(ran[0]) > 30 > sum(ran[1])               # the fast worker took more of them
+    assert sum(ran[0]) / len(ran[0]) > sum(ran[1]) / len(ran[1])     # and was granted more at a time
+    assert [r["step"] for r in results] == [sum(ran[0]), sum(ran[1])]     # every update pushed, once
+    assert [r["step"] for r in syncs if r["rank"] == 0] == list(itertools.accumulate(ran[0]))
+    validations = [r for r in records if r["event"] == "validation"]
+    passed = [r["updates"] // 10 for r in validations]       # asked every 10 updates of both workers, at most once
+    assert len(passed) > 2 and passed == sorted(set(passed)) and all(r["rank"] == 0 for r in validations[1:])
+    assert validations[-1]["updates"] == 60 and validations[-1]["step"] == 30   # the end, by the fast worker
+    assert [r["step"] for r in validations] == [r["updates"] // 2 for r in validations]
 
 
 def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_for_bit(tmp_path):
-    """Every worker stops at the update the server announced (a multiple of K), parks, and rank 0 saves
-    the server's anchor, momentum and version with every rank's own state."""
+    """Every worker stops after its grant (K each at S = 0), parks, and rank 0 saves the server's anchor,
+    momentum, version and budget spent with every rank's own state."""
     flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "200"]
     step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
     saved = load_checkpoint(checkpoint)
     assert step % 8 == 0 and saved["ranks"][0]["server"]["version"] == step // 8
+    assert saved["ranks"][0]["server"]["updates"] == [step, step]
     _, straight = run_train(tmp_path, *flags, name="straight")
     _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
     assert torch.equal(flat_params(straight), flat_params(resumed))
     tested = cli("Test.py", "--checkpoint", str(resumed), "--json")        # its model is the server's anchor
     assert tested.returncode == 0, tested.stderr
     assert json.loads(tested.stdout.strip().splitlines()[-1])["accuracy"] > 0.5
+
+
+def test_uneven_workers_stopped_by_sigterm_resume_each_from_its_own_update_and_spend_the_rest_of_the_budget(tmp_path):
+    """At S = 1 the workers have run different numbers of updates when the stop comes: the checkpoint keeps
+    each one's place and the budget spent, and the resumed run ends when the rest of it is spent."""
+    flags = ["--mode", "async", "--max-staleness", "1", *SERVED[:1], "4", *SERVED[2:], *SLOWED, "--max-steps", "1000"]
+    process = start_train(tmp_path, *flags)
+    os.kill(process.pid, signal.SIGTERM)
+    status, err, _, _ = finish(process, tmp_path)
+    assert status == 128 + signal.SIGTERM, err
+    saved = load_checkpoint(tmp_path / "model.pt")
+    places = [rank["place"][1] for rank in saved["ranks"]]
+    assert saved["ranks"][0]["server"]["updates"] == places and places[0] > places[1]
+    before = ran_by_rank([r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "outer_sync"])
+    assert [sum(before[0]), sum(before[1])] == places
+    results, _ = run_train(tmp_path, *flags, "--resume", str(tmp_path / "model.pt"), name="resumed")
+    after = ran_by_rank([r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["event"] == "outer_sync"])
+    assert [r["step"] for r in results] == [places[0] + sum(after[0]), places[1] + sum(after[1])]
+    assert sum(places) + sum(after[0]) + sum(after[1]) == 2 * 1000
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -5,11 +5,12 @@ the parent already talks to every worker, tensors travel as out-of-band ZeroMQ f
 state is a few CPU tensors, and one push and one pull per worker every K updates is the traffic of
 DiLoCo's all-reduce on a few hosts. Workers never run a collective with each other: one that did
 (the loop's stop vote, its loss totals, validation) would hold a fast worker back to a slow one's
-pace. So each worker's communicator is ``Solo``, a world of one, and the decisions the group must
-share come from the server: the initial parameters (rank 0's, or a checkpoint's, handed out at the
-join), the step where a Ctrl-C or SIGTERM stops every worker (``stop_at``, in every answer), and the
-consistent points of a checkpoint and of the run's end (``park``: every worker's progress pushed, and
-everyone answered with the same anchor; a barrier).
+pace. So each worker's communicator is ``Solo``, a world of one, and what the group must share comes
+from the server: the initial parameters (rank 0's, or a checkpoint's, handed out at the join), how many
+inner updates this worker runs before its next push (its *grant*: in proportion to its speed at S >= 1,
+harness/collectives/grants.py; 0 once the run's budget is spent or the run stops), when it is to
+validate the anchor it was answered with (``validate``), and the consistent points of a checkpoint and of
+the run's end (every worker parked, everyone answered with the same anchor; ``save``).
 """
 from __future__ import annotations
 
@@ -51,66 +52,103 @@ class Solo(Communicator):
 
 
 class AsyncSynchroniser(Synchroniser):
-    """Every ``every`` updates: push ``anchor - parameters`` and continue from the anchor answered.
-    ``request(payload)``: the server's answer (``ctx.request`` bound to "server"); ``signal()``: the
-    SIGINT/SIGTERM this worker received, if any; ``served``: a checkpoint's server state, which rank 0
-    brings to the join (None: its initial parameters start the server)."""
+    """Push ``anchor - parameters`` after the updates the server granted, and continue from the anchor answered.
+    ``workers``: how many there are; ``request(payload)``: the server's answer (``ctx.request`` bound to
+    "server"); ``signal()``: the SIGINT/SIGTERM this worker received, if any; ``served``: a checkpoint's server
+    state, which rank 0 brings to the join (None: its initial parameters start the server)."""
 
-    def __init__(self, flat: FlatParameters, every: int, rank: int, request: Callable[[tuple], dict],
+    def __init__(self, flat: FlatParameters, rank: int, workers: int, request: Callable[[tuple], dict | None],
                  signal: Callable[[], int | None], served: dict | None = None):
         super().__init__(Solo(), flat)
-        self.every, self.rank, self.request, self.signal = every, rank, request, signal
+        self.rank, self.workers, self.request, self.signal = rank, workers, request, signal
         self.served = served
         self.diverged = False           # this worker's loss was not finite (ServerVote): the server stops everyone
         self.anchor = [t.detach().clone() for t in flat.params]
-        self.version, self.stop_at, self.stop_why = 0, None, 0
+        self.version, self.stop_why = 0, 0
+        self.grant = 0                  # the updates to run after ``pushed_at`` before the next push (0: none, the end)
+        self.updates = 0                # the server's count of updates applied, all workers', at the last answer
         self.pushed_at = 0              # the update this worker last pushed after
         self.step = 0                   # the update this worker last made
-        self.server_state: dict | None = None       # rank 0's: the server's at the last consistent point
+        self.parked = False             # the last answer was a consistent point's
+        self.final = False              # and the run's last one
+        self.asked: set[str] = set()    # what answers asked that the loop has not done yet: "validate", "save"
+        self.server_state: dict | None = None       # rank 0's: the server's at the last checkpoint
 
     def start(self) -> None:
         """Join the server: rank 0 brings its parameters (or the checkpoint's server state); every worker
-        starts from the anchor answered once all have joined."""
+        starts from the anchor answered once all have joined, with its first grant."""
         state = (self.served or {"anchor": host(self.flat.params), "momentum": None, "version": 0}) \
             if self.rank == 0 else None
         self._adopt(self.request(("join", state)))
+        self._wait()
 
     def after_step(self, step: int) -> None:
         self.step = step
-        if step % self.every == 0:
+        if self.grant and step - self.pushed_at >= self.grant:
             self._push(step, park=False)
 
+    def over(self, step: int, total: int) -> bool:
+        """The run ends for this worker when the server grants it no more updates (the budget is spent,
+        or the run stops), not at ``total``: a fast worker runs more updates than that, a slow one fewer."""
+        return self.grant == 0
+
+    def position(self, step: int) -> int:
+        """Where the run stands in updates of a synchronous run with the samples trained on so far: all
+        workers' updates at the last answer over N, plus this worker's own since (equal to ``step`` at S = 0)."""
+        return self.updates // self.workers + step - self.pushed_at
+
     def end_of_run(self, step: int) -> None:
-        self.park(step)
+        self.finish()
 
     def finish(self) -> None:
-        """Before a checkpoint or an evaluation: a consistent point (every rank reaches it at the same update)."""
-        self.park(self.step)
+        """A consistent point (before a checkpoint, at the end): park, unless this worker is at one already
+        (it was answered by a release and has made no update since)."""
+        if not (self.parked and self.step == self.pushed_at):
+            self._push(self.step, park=True)
 
-    def park(self, step: int) -> None:
-        """A consistent point (a checkpoint, the run's end): this worker's progress pushed, then the
-        anchor every worker gets once all have parked."""
-        self._push(step, park=True)
+    def before_evaluation(self) -> None:
+        """Nothing: the worker the server asked evaluates the anchor it was answered with; no barrier."""
+
+    def take(self, what: str) -> bool:
+        """Whether an answer asked for ``what`` ("validate", "save") since it was last taken."""
+        asked = what in self.asked
+        self.asked.discard(what)
+        return asked
+
+    def report(self, record: dict) -> None:
+        """A validation record, to metrics.jsonl through the server (this worker may not be rank 0)."""
+        self.request(("report", {**record, "version": self.version, "updates": self.updates}))
 
     def _push(self, step: int, park: bool) -> None:
-        nothing_new = park and self.pushed_at == step       # pushed after this very update already
+        nothing_new = step == self.pushed_at
         delta = None if nothing_new else [(a - p).float().cpu() for a, p in zip(self.anchor, self.flat.params)]
         why = -1 if self.diverged else self.signal() or 0
-        self._adopt(self.request(("push", {"step": step, "delta": delta, "park": park, "signal": why})))
+        reply = self.request(("push", {"step": step, "updates": step - self.pushed_at, "delta": delta,
+                                       "park": park, "signal": why}))
         self.pushed_at = step
+        self._adopt(reply)
+        self._wait()
+
+    def _wait(self) -> None:
+        """Granted nothing at a release that is not the run's last (one with fewer updates left than workers):
+        park until the last, which every worker takes part in (its checkpoint is everyone's)."""
+        while self.parked and not self.grant and not self.final:
+            self._push(self.pushed_at, park=True)
 
     def _adopt(self, reply: dict) -> None:
         for anchor, param, served in zip(self.anchor, self.flat.params, reply["anchor"]):
             anchor.copy_(served)
             param.copy_(anchor)
-        self.version, self.stop_at, self.stop_why = reply["version"], reply["stop_at"], reply["stop_why"]
-        if "momentum" in reply:
-            self.server_state = {"anchor": host(self.anchor), "momentum": reply["momentum"], "version": self.version}
+        self.version, self.stop_why, self.grant = reply["version"], reply["stop_why"], reply["grant"]
+        self.updates, self.parked, self.final = reply["updates"], reply["parked"], reply["final"]
+        self.asked |= {what for what in ("validate", "save") if reply[what]}
+        if "server" in reply:
+            self.server_state = {**reply["server"], "anchor": host(self.anchor)}
 
-    def stopping(self, step: int) -> int:
-        """The reason every worker stops after update ``step`` (a signal's number, or -1: some worker's
-        loss was not finite), else 0."""
-        return self.stop_why if self.stop_at is not None and step >= self.stop_at else 0
+    def stopping(self) -> int:
+        """The reason every worker stops (a signal's number, or -1: some worker's loss was not finite) once
+        the server grants no more, else 0."""
+        return self.stop_why if self.grant == 0 else 0
 
     def global_weights(self) -> contextlib.AbstractContextManager:
         """The anchor last pulled in the model's parameters, for evaluation or a checkpoint; then back."""
@@ -119,23 +157,25 @@ class AsyncSynchroniser(Synchroniser):
     def state_dict(self) -> dict[str, Any]:
         """This rank's part of a checkpoint, taken at a consistent point (parameters = anchor); rank 0's
         carries the server's state, which the resumed run's join hands back to the server."""
-        return {"params": host(self.flat.params), "anchor": host(self.anchor), "server": self.server_state}
+        return {"params": host(self.flat.params), "anchor": host(self.anchor), "server": self.server_state,
+                "pushed_at": self.pushed_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for mine, saved in ((self.flat.params, state["params"]), (self.anchor, state["anchor"])):
             for t, value in zip(mine, saved):
                 t.copy_(value)
+        self.pushed_at = self.step = state["pushed_at"]
 
 
 class ServerVote:
     """The loop's stop vote in async mode (``poll`` as harness/resilience/interrupt.py's StopVote):
-    a signal or a non-finite loss goes to the server with the next push; every worker stops at the
-    ``stop_at`` the server announces, the same update on all of them."""
+    a signal or a non-finite loss goes to the server with the next push; every worker stops once the server
+    grants it no more updates, all of them parked at the same consistent point."""
 
     def __init__(self, sync: AsyncSynchroniser):
         self.sync = sync
 
     def poll(self, step: int, loss: torch.Tensor) -> tuple[int, bool]:
         self.sync.diverged = self.sync.diverged or not bool(torch.isfinite(loss))
-        why = self.sync.stopping(step)
+        why = self.sync.stopping()
         return (why, False) if why > 0 else (0, why < 0)

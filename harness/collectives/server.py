@@ -1,9 +1,11 @@
 """The asynchronous parameter server's rule (``--mode async``): stale-synchronous outer steps on versions.
 
 The server holds the global parameters (the *anchor*), the outer optimizer's momentum and a *version*
-that counts the outer steps applied. A worker pushes its pseudo-gradient (anchor it last pulled minus
-its parameters) every K updates and blocks until it is answered with the new anchor and version; the
-version it pulled is its *base*, and a push applied at version V has staleness ``V - base``.
+that counts the outer steps applied. Each answer grants the worker a number of inner updates
+(harness/collectives/grants.py: K each at S = 0; at S >= 1 in proportion to its measured speed, from a
+budget all workers share); the worker runs them, pushes its pseudo-gradient (anchor it last pulled minus
+its parameters) and blocks until it is answered with the new anchor, version and grant. The version it
+pulled is its *base*, and a push applied at version V has staleness ``V - base``.
 On each push (and after each step it applies) the server repeats, until neither applies:
 
 1. every active worker has a pending push: one outer step with their average (summed in rank order,
@@ -11,18 +13,34 @@ On each push (and after each step it applies) the server repeats, until neither 
 2. else the oldest pending push alone, as its 1/N share of a round (its delta divided by the number of
    workers: applied whole, one worker's pushes moved the anchor N times too far, and the slow-link bench
    ended at a validation loss of 3.78 against 2.76), if no active worker without a pending push would
-   then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u.
+   then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u, and unless every such
+   u is due back within HOLD of a round (its grant at its measured rate, harness/collectives/grants.py;
+   or not measured yet: the first round), in which case the push waits for them and rule 1 averages them.
 
 With S = 0 rule 2 never fires: every version is one synchronous round, the very arithmetic of
 ``--mode param --outer-optimizer nesterov`` (harness/collectives/outer.py). With S >= 1 a fast
-worker never waits unless it would leave a slow one more than S versions behind, and a push is
-never applied more than S versions stale (while u has no push pending, V stays <= base_u + S).
+worker waits only where it would leave a slow one more than S versions behind, or where the others are
+about to come back: grants in proportion to speed bring the workers back at about the same moment, and
+pushes applied one by one, each stale by one version, ended the slow-link bench at a validation loss of
+3.27 to 3.59 (3.02 with both hosts at full speed) against DiLoCo's 2.67. A push is never applied more than
+S versions stale (while u has no push pending, V stays <= base_u + S).
 
-*Parking* makes the consistent points a run needs (a checkpoint, the run's end, a stop): a parked
-push is applied like any other but answered only once every worker is parked; parked workers are
-not waited for (rules 1 and 2 skip them). Then all of them get the same anchor and version.
-A stop (a worker's push reports a signal) is announced in every answer as ``stop_at``: the next K
-boundary after the furthest update any worker has pushed, which no worker has passed yet.
+The run's shared points are counted in updates applied, all workers' together (``Plan``), never in a
+worker's own updates, which differ from worker to worker:
+- a validation: once a push passes a multiple of ``validate_every``, the fastest worker (by measured rate;
+  the pusher while none is measured) is asked in its next answer (``validate``) to evaluate the anchor it
+  was answered with; the others train on. Not a barrier; a multiple passed before that answer is not asked
+  again.
+- a checkpoint, the run's end and a stop need a consistent point: *parking*. A parked push is applied like
+  any other but answered only once every worker is parked; parked workers are not waited for (rules 1 and
+  2 skip them). Then all of them get the same anchor and version. Once the updates applied pass a multiple
+  of a ``save_every``, every push is parked until all are, and the answers say ``save``. Once nothing is
+  left to grant, or a worker's push reports a signal (or a loss that is not finite), every push is parked:
+  each worker's after the updates it was granted. The answers then grant 0, are ``final`` and say ``save``
+  (but after a loss that is not finite), and at the run's end (not at a stop) ask the fastest worker to
+  ``validate`` the final anchor. Every worker is granted at least one update at any other release (a
+  checkpoint is not made with fewer updates left than workers); where it cannot be (a resume with fewer
+  left), a worker granted 0 parks until the final release, so that every worker saves at every release.
 
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
@@ -31,39 +49,67 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
+from .grants import Grants
 from .outer import OuterOptimizer
 
-Answer = tuple[int, dict]       # (rank, what that rank is answered)
+HOLD = 1.0      # a push waits for workers due back within this share of a round (rule 2): on the slow-link
+                # bench, under a changing load, returns came up to a round off their prediction, and each miss
+                # (two pushes applied one by one) cost the final validation loss 2.67 -> 2.81
+Answer = tuple[int, dict | None]        # (rank, what that rank is answered)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's length and shared points, in updates of all workers together (N times a synchronous run's
+    updates): ``budget``, a validation each time the updates applied pass a multiple of ``validate_every``
+    (0: at the end only), a checkpoint at each multiple of one of ``save_every`` and at the end, if
+    ``saves`` (the run writes checkpoints)."""
+    budget: int
+    validate_every: int = 0
+    save_every: tuple[int, ...] = ()
+    saves: bool = False
 
 
 @dataclass
 class Push:
-    """A worker's pending push: its pseudo-gradient (None: nothing new, only parking) against ``base``."""
+    """A worker's pending push: ``updates`` run since its last, and their pseudo-gradient (None: nothing
+    new, only parking) against ``base``."""
     rank: int
     step: int
+    updates: int
     base: int
     delta: list[torch.Tensor] | None
     park: bool
-    arrived: float = field(default_factory=time.monotonic)
+    arrived: float
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.delta or [])
 
 
-class ParameterServer:
-    """The rule of the module's docstring for ``workers`` workers; ``every`` is K (for ``stop_at``).
-    ``records`` collects one "outer_sync" record per applied push, for the run's metrics.jsonl."""
+def passes(before: int, after: int, every: int) -> bool:
+    """Whether counting from ``before`` to ``after`` passes a multiple of ``every`` (0: never)."""
+    return bool(every) and before // every < after // every
 
-    def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int):
+
+class ParameterServer:
+    """The rule of the module's docstring for ``workers`` workers; ``every`` is K; ``clock``: the seconds the
+    grants measure speed in; ``hold``: HOLD (0: a push never waits for workers due back; tests of the
+    staleness rule alone). ``records`` collects one "outer_sync" record per applied push (and the workers'
+    validation records), for the run's metrics.jsonl."""
+
+    def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int, plan: Plan,
+                 clock: Callable[[], float] = time.monotonic, hold: float = HOLD):
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness}: must be 0 or more (0 is synchronous DiLoCo)")
         self.workers, self.outer, self.every, self.max_staleness = workers, outer, every, max_staleness
+        self.plan, self.clock, self.hold = plan, clock, hold
+        self.grants = Grants(plan.budget, every, workers, proportional=max_staleness > 0)
         self.anchor: list[torch.Tensor] | None = None
         self.momentum: list[torch.Tensor] | None = None
         self.version = 0
@@ -71,15 +117,22 @@ class ParameterServer:
         self.pending: list[Push] = []
         self.parked: set[int] = set()
         self.joined: dict[int, dict | None] = {}
-        self.furthest = 0               # the furthest update any worker has pushed
-        self.stop_at: int | None = None
         self.stop_why = 0               # the signal that stops the run, or -1: a worker's loss was not finite
+        self.saving = False             # a checkpoint is due: every push parks until all have
+        self.saved = 0                  # the updates applied at the last checkpoint
+        self.validator: int | None = None       # the worker to ask for a validation in its next answer
         self.records: collections.deque[dict] = collections.deque()    # appended here, drained by the main thread
 
+    @property
+    def applied(self) -> int:
+        """Updates applied to the anchor, all workers' together."""
+        return sum(self.grants.given) - sum(self.grants.current)
+
     def join(self, rank: int, state: dict | None) -> list[Answer]:
-        """A worker's start: rank 0 brings the state to serve (``{"anchor", "momentum", "version"}``: its
-        initial parameters, or a checkpoint's server state), the others None. Everyone is answered once
-        all have joined: this is also the broadcast that starts every replica from the same parameters."""
+        """A worker's start: rank 0 brings the state to serve (``{"anchor", "momentum", "version",
+        "updates"}``: its initial parameters, or a checkpoint's server state), the others None. Everyone is
+        answered once all have joined: this is also the broadcast that starts every replica from the same
+        parameters."""
         self.joined[rank] = state
         if len(self.joined) < self.workers:
             return []
@@ -89,21 +142,25 @@ class ParameterServer:
         self.momentum = ([t.clone() for t in saved] if saved is not None else [torch.zeros_like(t) for t in self.anchor]) \
             if self.outer.kind == "nesterov" else None
         self.version, self.base, self.joined = state.get("version", 0), [state.get("version", 0)] * self.workers, {}
-        return [(r, self._reply(r, with_state=r == 0)) for r in range(self.workers)]
+        self.grants.given = list(state.get("updates") or [0] * self.workers)
+        self.saved = self.applied
+        return self._release()
 
-    def push(self, rank: int, step: int, delta: list[torch.Tensor] | None, park: bool = False,
+    def push(self, rank: int, step: int, updates: int, delta: list[torch.Tensor] | None, park: bool = False,
              signal: int = 0) -> list[Answer]:
-        """Worker ``rank``'s push after update ``step`` (``signal``: the SIGINT/SIGTERM it received, -1 if its
-        loss was not finite, 0 if neither); returns the answers now due, to this worker or to others that waited."""
+        """Worker ``rank``'s push after update ``step``, ``updates`` since its last (``signal``: the SIGINT/SIGTERM
+        it received, -1 if its loss was not finite, 0 if neither); returns the answers now due, to this worker
+        or to others that waited."""
         if any(p.rank == rank for p in self.pending) or rank in self.parked:
             raise RuntimeError(f"worker {rank} pushed at update {step} while its previous push is unanswered")
-        self.furthest = max(self.furthest, step)
-        if signal and self.stop_at is None:
-            self.stop_at, self.stop_why = (self.furthest // self.every + 1) * self.every, signal
+        self.stop_why = self.stop_why or signal
+        arrived = self.clock()
+        self.grants.measure(rank, updates, arrived)
         if delta is None:
+            self.grants.deliver(rank, 0)
             self.parked.add(rank)
         else:
-            self.pending.append(Push(rank, step, self.base[rank], delta, park))
+            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -111,9 +168,7 @@ class ParameterServer:
         while (batch := self._next_batch()) is not None:
             answers += self._apply(batch)
         if len(self.parked) == self.workers and not self.pending:      # everyone at the consistent point
-            self.parked = set()
-            self.base = [self.version] * self.workers
-            answers += [(r, self._reply(r, with_state=r == 0)) for r in range(self.workers)]
+            answers += self._release()
         return answers
 
     def _next_batch(self) -> list[Push] | None:
@@ -124,12 +179,14 @@ class ParameterServer:
         idle = [r for r in range(self.workers) if r not in waiting and r not in self.parked]
         if not idle:
             return sorted(self.pending, key=lambda p: p.rank)
-        if all(self.version + 1 - self.base[u] <= self.max_staleness for u in idle):
+        if all(self.version + 1 - self.base[u] <= self.max_staleness for u in idle) \
+                and not (self.hold and self.grants.back_within(idle, self.clock(), self.hold)):
             return [self.pending[0]]
         return None
 
     def _apply(self, batch: list[Push]) -> list[Answer]:
-        """One outer step with the batch's average; its pushes answered, or parked."""
+        """One outer step with the batch's average; its pushes counted, then answered or parked (all of them
+        parked if any passes a checkpoint's point: at S = 0 every worker must stop at the same round)."""
         total = [t.clone() for t in batch[0].delta]
         for push in batch[1:]:
             for t, d in zip(total, push.delta):
@@ -138,39 +195,103 @@ class ParameterServer:
         for anchor, t, m in zip(self.anchor, total, momentum):     # each push is its 1/N share of a round
             self.outer.step(anchor, t.div_(self.workers).to(anchor.dtype), m)
         before, self.version = self.version, self.version + 1
-        answers = []
-        now = time.monotonic()
+        now = self.clock()
         for push in batch:
             self.pending.remove(push)
+            self._count(push)
             self.records.append({"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
                                  "blocked_s": now - push.arrived, "bytes": push.nbytes,
-                                 "staleness": before - push.base, "version": self.version})
+                                 "staleness": before - push.base, "version": self.version,
+                                 "inner_updates": push.updates})
             self.base[push.rank] = self.version
-            if push.park:
+        answered = []
+        for push in batch:
+            if push.park or self.saving or self._finished():
                 self.parked.add(push.rank)
             else:
-                answers.append((push.rank, self._reply(push.rank)))
+                answered.append(push.rank)
+        return [(rank, self._reply(rank, grant)) for rank, grant in zip(answered, self._grants(answered, now))]
+
+    def _grants(self, ranks: list[int], now: float) -> list[int]:
+        """The next grants of ``ranks``, answered now: nothing once the run stops; together where they are all
+        the workers still taking grants (harness/collectives/grants.py), else the one alone."""
+        active = set(range(self.workers)) - self.parked
+        if self.stop_why or not ranks:
+            return [0] * len(ranks)
+        if active <= set(ranks):
+            return self.grants.share_out(ranks, now)
+        return [self.grants.grant(rank, now, active) for rank in ranks]
+
+    def _count(self, push: Push) -> None:
+        """The push's updates counted; the points they pass (a validation, a checkpoint) made due."""
+        before = self.applied
+        self.grants.deliver(push.rank, push.updates)
+        after = self.applied
+        if after < self.plan.budget:        # the end validates and saves anyway
+            if passes(before, after, self.plan.validate_every):
+                self.validator = self.grants.fastest(otherwise=push.rank)
+            # not with fewer updates left than workers: at the release each must be granted one
+            self.saving = self.saving or self.plan.saves and self.grants.left >= self.workers \
+                and any(passes(before, after, every) for every in self.plan.save_every)
+
+    def _finished(self) -> bool:
+        """Whether no more updates will be granted: the budget is spent, or the run stops."""
+        return bool(self.stop_why) or self.grants.left == 0
+
+    def _release(self) -> list[Answer]:
+        """Every worker answered at a consistent point, with the same anchor and version: ``save`` if a
+        checkpoint is due, or the run ends with something new to save (then rank 0, which writes it, gets the
+        server's state too), and at the run's end the fastest worker asked to validate the final anchor."""
+        finished = self._finished()
+        save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
+        if save:
+            self.saved = self.applied
+        if finished and not self.stop_why:
+            self.validator = self.grants.fastest(otherwise=0)
+        self.parked, self.saving = set(), False
+        self.base = [self.version] * self.workers
+        now = self.clock()
+        ranks = list(range(self.workers))
+        answers = [(r, {**self._reply(r, grant), "parked": True, "save": save, "final": finished})
+                   for r, grant in zip(ranks, self._grants(ranks, now))]
+        if save:
+            answers[0][1]["server"] = self.state()
         return answers
 
-    def _reply(self, rank: int, with_state: bool = False) -> dict[str, Any]:
-        """The anchor and version (a copy: the server goes on updating its own); with the momentum for the
-        worker that writes checkpoints, at a consistent point."""
-        reply = {"anchor": [t.clone() for t in self.anchor], "version": self.version, "stop_at": self.stop_at,
-                 "stop_why": self.stop_why}
-        if with_state:
-            reply["momentum"] = [t.clone() for t in self.momentum] if self.momentum is not None else None
-        return reply
+    def _reply(self, rank: int, grant: int) -> dict[str, Any]:
+        """The anchor and version (a copy: the server goes on updating its own), the worker's next grant
+        and whether it is to validate that anchor."""
+        validate = self.validator == rank
+        if validate:
+            self.validator = None
+        return {"anchor": [t.clone() for t in self.anchor], "version": self.version, "grant": grant,
+                "updates": self.applied, "validate": validate, "stop_why": self.stop_why, "parked": False,
+                "save": False, "final": False}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a
+        consistent point: the outer momentum, the version and the updates each worker has run (the budget
+        spent)."""
+        return {"version": self.version, "updates": list(self.grants.given),
+                "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
+
+    def report(self, rank: int, record: dict) -> list[Answer]:
+        """A worker's validation record, stamped with the server's clock (the parent's), for metrics.jsonl."""
+        self.records.append({**record, "time": time.time(), "rank": rank})
+        return [(rank, None)]
 
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
-        """``ctx.request("server", request)`` in the parent (``Children.serve``): ("join", state) or
-        ("push", {"step", "delta", "park", "signal"})."""
+        """``ctx.request("server", request)`` in the parent (``Children.serve``): ("join", state),
+        ("push", {"step", "updates", "delta", "park", "signal"}) or ("report", record)."""
         kind, body = request
         if kind == "join":
             return self.join(rank, body)
         if kind == "push":
             return self.push(rank, **body)
-        raise ValueError(f"request {kind!r}: the parameter server answers join and push")
+        if kind == "report":
+            return self.report(rank, body)
+        raise ValueError(f"request {kind!r}: the parameter server answers join, push and report")
 
     def drain(self) -> list[dict]:
-        """The outer_sync records applied since the last drain (the parent's main thread writes them)."""
+        """The records since the last drain (the parent's main thread writes them)."""
         return [self.records.popleft() for _ in range(len(self.records))]

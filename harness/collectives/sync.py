@@ -80,6 +80,20 @@ class Synchroniser:
     def end_of_run(self, step: int) -> None:
         """After the run's last update (param mode's outer optimizer syncs every fragment)."""
 
+    def over(self, step: int, total: int) -> bool:
+        """Whether this rank's run is over after update ``step``: at ``total`` (--mode async's worker: when
+        the server grants it no more)."""
+        return step >= total
+
+    def position(self, step: int) -> int:
+        """Where the run stands after this rank's update ``step``, in updates of a synchronous run: ``step``
+        (--mode async's worker: from the samples all workers have trained on)."""
+        return step
+
+    def before_evaluation(self) -> None:
+        """Before ``global_weights`` is evaluated: ``finish`` (the replicas made consistent)."""
+        self.finish()
+
     @contextlib.contextmanager
     def global_weights(self) -> Iterator[None]:
         """The weights the group agrees on in the model, for evaluation and a checkpoint's model (the

@@ -14,7 +14,7 @@ from harness.collectives.async_worker import AsyncSynchroniser
 from harness.collectives.flat import FlatParameters
 from harness.collectives.compress import make_codec
 from harness.collectives.outer import OuterOptimizer, OuterSynchroniser
-from harness.collectives.server import ParameterServer
+from harness.collectives.server import ParameterServer, Plan
 from harness.collectives.shards import Replica, ShardedGradients, ShardLayout
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
 from harness.data.batch import Batch, call_model
@@ -69,9 +69,16 @@ def outer_optimizer(config: TrainConfig) -> OuterOptimizer:
                           config.outer_momentum if config.outer_momentum is not None else (0.9 if nesterov else 0.0))
 
 
-def make_server(config: TrainConfig) -> ParameterServer:
-    """--mode async's parameter server, which the parent runs (harness/collectives/server.py)."""
-    return ParameterServer(config.workers, outer_optimizer(config), config.avg_every, config.max_staleness)
+def make_server(config: TrainConfig, steps_per_epoch: int) -> ParameterServer:
+    """--mode async's parameter server, which the parent runs (harness/collectives/server.py). Its plan counts
+    updates of all workers together: the run's (--max-steps, or --epochs' worth) times N, validations every
+    --validate-every (else every epoch's) worth, checkpoints every --save-every epochs' and
+    --save-every-steps' worth."""
+    n = config.workers
+    total = config.max_steps or config.epochs * steps_per_epoch
+    save_every = tuple(n * every for every in (config.save_every * steps_per_epoch, config.save_every_steps) if every)
+    plan = Plan(n * total, n * (config.validate_every or steps_per_epoch), save_every, saves=bool(config.save))
+    return ParameterServer(n, outer_optimizer(config), config.avg_every, config.max_staleness, plan)
 
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
@@ -85,7 +92,7 @@ def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
     ``replica``: --zero's copy of the previous rank's shard, when the group heals in place; ``ctx`` and
     ``served`` (a checkpoint's server state): --mode async's worker, which talks to the parent's server."""
     if config.mode == "async":
-        return AsyncSynchroniser(flat, config.avg_every, ctx.rank, lambda payload: ctx.request("server", payload),
+        return AsyncSynchroniser(flat, ctx.rank, ctx.world_size, lambda payload: ctx.request("server", payload),
                                  lambda: ctx.interrupted, served)
     if shards is not None:
         return ShardedGradients(comm, flat, shards, config.zero, replica)

@@ -149,10 +149,10 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
         attempt_config = config.replace(resume=resume)
         kids = next(first, None)
         if kids is not None:
-            return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
+            return run_group(attempt_config, kids, marks, interrupts, progress, recovery, steps_per_epoch)
         with workers(attempt_config, gpus, launcher) as kids:
             marks.setdefault("forked", time.time())
-            return run_group(attempt_config, kids, marks, interrupts, progress, recovery)
+            return run_group(attempt_config, kids, marks, interrupts, progress, recovery, steps_per_epoch)
 
     try:
         results = recovery.run(attempt)
@@ -173,13 +173,14 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
 
 
 def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Interrupts | None,
-              progress: Progress, recovery: Recovery) -> list[dict]:
+              progress: Progress, recovery: Recovery, steps_per_epoch: int) -> list[dict]:
     """One group of workers from start (or ``config.resume``) to the end of the run, healed in
     place when a worker dies, if it may be; otherwise the failure ends the group (stopped). --mode async:
-    the parent serves the parameter server (its outer_sync records logged as rank 0's records come)."""
+    the parent serves the parameter server (its records, outer_sync and the workers' validations, logged
+    as rank 0's records come, before them)."""
     from harness.training.build import make_server
     from harness.training.loop import train_worker
-    server = make_server(config) if config.mode == "async" else None
+    server = make_server(config, steps_per_epoch) if config.mode == "async" else None
     if server is not None:
         kids.serve("server", server.handle)
     if interrupts is not None:
@@ -196,9 +197,9 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
                 continue
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
+            for served in server.drain() if server is not None else ():
+                progress.handle(served)
             progress.handle(record)
-            for applied in server.drain() if server is not None else ():
-                progress.handle(applied)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
             if record["event"] == "done":

@@ -79,12 +79,15 @@ def _workers(a: Callable[..., Any]) -> None:
 def _synchronisation(a: Callable[..., Any]) -> None:
     a("--mode", choices=("grad", "param", "async"),
       help="grad: average gradients every update (default); param: average parameters every --avg-every updates; "
-           "async: push each worker's change to a parameter server in the parent every --avg-every updates, without "
-           "waiting for the others (for hosts of unequal speed)")
+           "async: push each worker's change to a parameter server in the parent every --avg-every updates on average, "
+           "without waiting for the others; with S >= 1 a faster worker runs more of the run's updates (for hosts of "
+           "unequal speed)")
     a("--max-staleness", type=int, metavar="S",
       help="async mode: a worker waits rather than leave another more than S server versions behind (default 1; "
-           "0 is synchronous DiLoCo, bit for bit)")
-    a("--avg-every", type=int, help="param and async modes: sync every K updates (default 1)")
+           "0 is synchronous DiLoCo, bit for bit: K updates each); with S >= 1 each worker runs K x its measured "
+           "speed / the mean speed updates between pushes, from the run's budget of workers x --max-steps updates")
+    a("--avg-every", type=int, help="param and async modes: sync every K updates (async, S >= 1: on average) "
+                                     "(default 1)")
     a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
     a("--outer-optimizer", choices=("average", "nesterov"),
       help="param mode: what every --avg-every K updates do with the averaged pseudo-gradient (the parameters' change "
@@ -159,7 +162,8 @@ def _step(a: Callable[..., Any]) -> None:
 def _run_length(a: Callable[..., Any]) -> None:
     a("--epochs", type=int, help="(default 10)")
     a("--max-steps", type=int, help="train this many updates in all (overrides --epochs)")
-    a("--validate-every", type=int, help="validate every N updates (default: at each epoch's end)")
+    a("--validate-every", type=int, help="validate every N updates (default: at each epoch's end; async mode: every "
+                                          "N x workers updates of all workers, by the one whose push passes them)")
     a("--target-error", type=float, help="stop once the validation error is at most this (e.g. 0.02)")
     a("--patience", type=int, help="stop after this many validations without improvement (0: never)")
     a("--seed", type=int, help="(default 0)")

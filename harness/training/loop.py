@@ -5,7 +5,8 @@ of one seeded permutation per epoch, so N workers with batch b see exactly the s
 worker with batch N*b would), and keeps in step through a Synchroniser. Rank 0 reports
 progress to the parent with ``ctx.send`` and writes checkpoints; validation and the epoch's
 loss are reduced over all ranks, so every rank takes the same early-stopping decision (--mode async:
-each rank alone, and the parent's parameter server decides the stop: harness/collectives/async_worker.py).
+each rank alone, and the parent's parameter server decides how many updates each rank runs, when it
+validates, saves and stops: harness/collectives/async_worker.py).
 
 A run lasts ``epochs`` or ``max_steps`` updates and may be saved every N steps, mid-epoch.
 A checkpoint records (epoch, step, position in the epoch) and every rank's random generators, so
@@ -101,11 +102,16 @@ class Worker:
         timeline.mark(self.marks, "data")
         replacing = ctx.replacing is not None     # a dead rank's replacement: the survivors hand it their state
         saved = load_checkpoint(config.resume, map_location=self.device) if config.resume and not replacing else None
-        self.state = RunState(saved["epoch"], saved["step"], saved.get("position", 0),
-                              *saved.get("early_stop", (math.inf, 0)), saved_at=saved["step"]) if saved else RunState()
+        self.asynchronous = config.mode == "async"
+        self.saved_ranks = saved.get("ranks") if saved else None
+        if saved:
+            epoch, step, position = self.saved_place(saved)
+            self.state = RunState(epoch, step, position, *saved.get("early_stop", (math.inf, 0)), saved_at=step)
+        else:
+            self.state = RunState()
         self.batches = make_batches(self.data.train, config, self.rank, self.world, self.device)
         # samples that failed to load: logged, counted (async mode: by each rank alone, no exchange to wait in)
-        self.bad = Tally(ctx, config.max_bad_samples, alone=config.mode == "async")
+        self.bad = Tally(ctx, config.max_bad_samples, alone=self.asynchronous)
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
@@ -126,9 +132,8 @@ class Worker:
             (compute, forward)
         timeline.mark(self.marks, "model")
         # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
-        self.comm = Solo() if config.mode == "async" else ctx.communicator()
+        self.comm = Solo() if self.asynchronous else ctx.communicator()
         timeline.mark(self.marks, "communicator")
-        self.saved_ranks = saved.get("ranks") if saved else None
         if saved:
             self._restore(saved)
         self.saver = BackgroundSaver()
@@ -147,6 +152,12 @@ class Worker:
             self.heal(None, self.marks)
         else:
             self.attach(start=True)
+
+    def saved_place(self, saved: dict) -> tuple[int, int, int]:
+        """The (epoch, update, position in the epoch) this rank resumes from: the checkpoint's, or where the
+        rank's own part says it was (--mode async: each worker runs its own number of updates)."""
+        mine = self.saved_ranks[self.rank % len(self.saved_ranks)] if self.saved_ranks else {}
+        return tuple(mine.get("place") or (saved["epoch"], saved["step"], saved.get("position", 0)))
 
     def _restore(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])
@@ -208,7 +219,7 @@ class Worker:
             if self.lead:
                 self.ctx.print("CUDA graph: the dataset's collate_fn may make batches of other shapes, which a "
                                "graph cannot replay; running eagerly")
-        self.vote = ServerVote(self.sync) if config.mode == "async" else StopVote(self.ctx, self.comm, self.device)
+        self.vote = ServerVote(self.sync) if self.asynchronous else StopVote(self.ctx, self.comm, self.device)
         self.train_step = make_step(
             self.model, self.compute, self.optimizer, self.flat, self.sync, lambda: autocast(config, self.device), graph,
             example=self.example, say=lambda message: self.ctx.print(message) if self.lead else None,
@@ -220,7 +231,7 @@ class Worker:
         """Epoch after epoch until the run's length or a stop; a failed collective heals the group (when
         the run heals in place) and the loop goes on from the donor's place."""
         self.model.train()
-        while self.state.step < self.total and self.state.stop is None:
+        while not self.over() and self.state.stop is None:
             try:
                 self.epoch()
             except RuntimeError as error:     # a collective failed: a dead peer (then heal), or this rank's own error
@@ -258,25 +269,24 @@ class Worker:
                 done += 1
                 loss_sum += loss.double()
                 self.report(loss, done, started)
-            if config.validate_every and s.step % config.validate_every == 0:
+            if self.validation_due():
                 measured = self.validate()
             if self.save_due() and s.position < self.batches.steps_per_epoch:     # an epoch's end saves below
                 self.save()
-            if s.stop is not None or s.step >= self.total:
+            if s.stop is not None or self.over():
                 break
         ended = s.position == self.batches.steps_per_epoch
         if ended:
             s.epoch, s.position = s.epoch + 1, 0
         totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=self.device)])
         self.comm.all_reduce(totals)
-        if not config.validate_every and s.stop is None and (ended or s.step >= self.total):
+        if not config.validate_every and not self.asynchronous and s.stop is None and (ended or self.over()):
             measured = self.validate()
         if self.lead and ended:
             self.ctx.send({"event": "epoch", "epoch": s.epoch, "step": s.step,
                            "train_loss": (totals[0] / totals[1]).item(), "val_error": None, **(measured or {}),
                            "seconds": time.monotonic() - started, "lr": self.lr_at(s.step - 1)})
-        if s.stop is not None or s.step >= self.total or self.save_due() \
-                or (ended and config.save_every and s.epoch % config.save_every == 0):
+        if s.stop is not None or self.over() or self.save_due(ended):
             self.save()
 
     def update(self, batch: Any) -> torch.Tensor:
@@ -292,7 +302,7 @@ class Worker:
         s = self.state
         s.step, s.position = s.step + 1, s.position + 1
         self.sync.after_step(s.step)
-        if s.step == self.total:
+        if self.over():
             self.sync.end_of_run(s.step)
         self.profiler.after(s.step)
         signum, diverged = self.vote.poll(s.step, loss)
@@ -336,7 +346,7 @@ class Worker:
 
     def lr_at(self, update: int) -> float:
         c = self.config
-        return learning_rate(update, c.lr, c.lr_schedule, self.total, c.warmup_steps, c.min_lr)
+        return learning_rate(self.sync.position(update), c.lr, c.lr_schedule, self.total, c.warmup_steps, c.min_lr)
 
     def reseed(self, *where: int) -> None:
         """This rank's generators, from (seed, rank, *where): each rank's own, the same after a resume."""
@@ -348,10 +358,12 @@ class Worker:
         s, config = self.state, self.config
         if self.data.val is None:
             return None
-        self.sync.finish()
+        self.sync.before_evaluation()
         # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
+        # --mode async: the one worker the server asked evaluates the whole split.
         failures: list[dict] = []
-        batches = evaluation_batches(self.data.val, self.rank, self.world, config.batch_size, self.device,
+        rank, world = (0, 1) if self.asynchronous else (self.rank, self.world)
+        batches = evaluation_batches(self.data.val, rank, world, config.batch_size, self.device,
                                      config.data_workers, failures)
         with self.sync.global_weights():
             totals = torch.tensor(evaluate(self.model, self.forward, batches, lambda: autocast(config, self.device)),
@@ -369,19 +381,49 @@ class Worker:
             s.stop = f"validation error {error:.2%} reached the target {config.target_error:.2%}"
         elif config.patience and s.stale >= config.patience:
             s.stop = f"no improvement in {s.stale} validations (patience {config.patience})"
-        if self.lead:
-            self.ctx.send({"event": "validation", "epoch": s.epoch, "step": s.step, **measured})
+        record = {"event": "validation", "epoch": s.epoch, "step": self.sync.position(s.step), **measured}
+        if self.asynchronous:
+            self.sync.report(record)
+        elif self.lead:
+            self.ctx.send(record)
         return measured
 
-    def save_due(self) -> bool:
-        every = self.config.save_every_steps
+    def over(self) -> bool:
+        """Whether this rank's run is over: after ``total`` updates (--mode async: when the server grants
+        this worker no more; a fast worker runs more updates than a slow one)."""
+        return self.sync.over(self.state.step, self.total)
+
+    def validation_due(self) -> bool:
+        """After an update: every --validate-every updates (--mode async: when the server asks this
+        worker, every --validate-every updates of all workers' over N)."""
+        if self.asynchronous:
+            return self.sync.take("validate")
+        every = self.config.validate_every
         return bool(every) and self.state.step % every == 0
+
+    def save_due(self, ended: bool = False) -> bool:
+        """Every --save-every-steps updates, and at the end (``ended``) of every --save-every-th epoch
+        (--mode async: when the server has parked every worker for a checkpoint)."""
+        if self.asynchronous:
+            return "save" in self.sync.asked
+        s, config = self.state, self.config
+        return bool(config.save_every_steps) and s.step % config.save_every_steps == 0 \
+            or ended and bool(config.save_every) and s.epoch % config.save_every == 0
+
+    def fresh_save(self) -> bool:
+        """Whether a save now writes something new: this update is not saved yet. --mode async: at a consistent
+        point (a worker that stops alone parks here), if the server said so; every worker, whatever its own
+        update, then saves together."""
+        if not self.asynchronous:
+            return self.state.saved_at != self.state.step
+        self.sync.finish()
+        return self.sync.take("save")
 
     def save(self) -> None:
         """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
         rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
         s, config = self.state, self.config
-        if not config.save or s.saved_at == s.step or s.diverged:
+        if not config.save or s.diverged or not self.fresh_save():
             return
         self.sync.finish()
         ticket = self.train_step.ticket
@@ -398,7 +440,8 @@ class Worker:
             else self.optimizer.state_dict() if self.lead else None
         local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
         ranks = None if local is None else self.ctx.exchange(
-            self.ctx.unique_tag("ranks"), {**local, "optimizer": to_host(self.optimizer.state_dict())})
+            self.ctx.unique_tag("ranks"), {**local, "optimizer": to_host(self.optimizer.state_dict()),
+                                           "place": (s.epoch, s.step, s.position)})
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
                 saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
