@@ -1,5 +1,6 @@
-"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs on
-several pytest-xdist workers (pyproject.toml's addopts); what must not run at once is grouped below."""
+"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs in one
+process by default; ``-n 3`` runs it on pytest-xdist workers, with what must not run at once grouped
+below (under load, the shared-memory group and heal tests were seen to fail that way: not yet the default)."""
 import fcntl
 import os
 
