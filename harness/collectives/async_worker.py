@@ -115,9 +115,28 @@ class AsyncSynchroniser(Synchroniser):
         self.asked.discard(what)
         return asked
 
-    def report(self, record: dict) -> None:
+    def evaluation_due(self, scheduled: bool) -> bool:
+        """When the server asks this worker (every --validate-every updates of all workers' over N), not on
+        the loop's schedule."""
+        return self.take("validate")
+
+    def evaluation_share(self, rank: int, world: int) -> tuple[int, int]:
+        """The whole split: the one worker the server asked evaluates it."""
+        return 0, 1
+
+    def report_validation(self, record: dict, send: Callable[[dict], None] | None) -> None:
         """A validation record, to metrics.jsonl through the server (this worker may not be rank 0)."""
         self.request(("report", {**record, "version": self.version, "updates": self.updates}))
+
+    def checkpoint_due(self, scheduled: bool) -> bool:
+        """When the server has parked every worker for a checkpoint, not on the loop's schedule."""
+        return "save" in self.asked
+
+    def ready_to_save(self, unsaved: bool) -> bool:
+        """At a consistent point (a worker that stops alone parks here), if the server said so: every worker,
+        whatever its own update, then saves together."""
+        self.finish()
+        return self.take("save")
 
     def _push(self, step: int, park: bool) -> None:
         nothing_new = step == self.pushed_at

@@ -90,9 +90,33 @@ class Synchroniser:
         (--mode async's worker: from the samples all workers have trained on)."""
         return step
 
+    def evaluation_due(self, scheduled: bool) -> bool:
+        """Whether to validate now: when the loop's schedule says so (--validate-every, an epoch's end)."""
+        return scheduled
+
+    def evaluation_share(self, rank: int, world: int) -> tuple[int, int]:
+        """Which share of the validation split this rank evaluates, as (rank, world): its own."""
+        return rank, world
+
     def before_evaluation(self) -> None:
         """Before ``global_weights`` is evaluated: ``finish`` (the replicas made consistent)."""
         self.finish()
+
+    def report_validation(self, record: dict, send: Callable[[dict], None] | None) -> None:
+        """A validation record to metrics.jsonl: ``send`` is the parent's, on rank 0 only (None elsewhere)."""
+        if send is not None:
+            send(record)
+
+    def checkpoint_due(self, scheduled: bool) -> bool:
+        """Whether to save now: when the loop's schedule says so (--save-every-steps, --save-every)."""
+        return scheduled
+
+    def ready_to_save(self, unsaved: bool) -> bool:
+        """Whether a save now writes something new (``unsaved``: this update is not saved yet); if so, the
+        replicas are made consistent (``finish``) first."""
+        if unsaved:
+            self.finish()
+        return unsaved
 
     @contextlib.contextmanager
     def global_weights(self) -> Iterator[None]:

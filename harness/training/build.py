@@ -75,7 +75,7 @@ def make_server(config: TrainConfig, steps_per_epoch: int) -> ParameterServer:
     --validate-every (else every epoch's) worth, checkpoints every --save-every epochs' and
     --save-every-steps' worth."""
     n = config.workers
-    total = config.max_steps or config.epochs * steps_per_epoch
+    total = config.total_updates(steps_per_epoch)
     save_every = tuple(n * every for every in (config.save_every * steps_per_epoch, config.save_every_steps) if every)
     plan = Plan(n * total, n * (config.validate_every or steps_per_epoch), save_every, saves=bool(config.save))
     return ParameterServer(n, outer_optimizer(config), config.avg_every, config.max_staleness, plan)

@@ -348,7 +348,7 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
                           + "; drop the flags that change them to continue it (a resume takes them from the "
                           "checkpoint)" + (" (it stopped mid-epoch)" if saved.get("position") else ""))
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
-    total = config.max_steps or config.epochs * steps_per_epoch
+    total = config.total_updates(steps_per_epoch)
     if saved["step"] >= total:
         length = f"--max-steps {config.max_steps}" if config.max_steps else \
             f"--epochs {config.epochs} of {steps_per_epoch} updates"

@@ -138,7 +138,7 @@ class Worker:
             self._restore(saved)
         self.saver = BackgroundSaver()
         ctx.own(self.saver)
-        self.total = config.max_steps or config.epochs * self.batches.steps_per_epoch
+        self.total = config.total_updates(self.batches.steps_per_epoch)
         self.samples_per_update = config.batch_size * config.grad_accum * self.world
         self.first = self.state.step + 1
         self.last_report, self.memory, self.memory_at = time.monotonic(), None, -math.inf
@@ -280,7 +280,7 @@ class Worker:
             s.epoch, s.position = s.epoch + 1, 0
         totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=self.device)])
         self.comm.all_reduce(totals)
-        if not config.validate_every and not self.asynchronous and s.stop is None and (ended or self.over()):
+        if self.sync.evaluation_due(not config.validate_every and s.stop is None and (ended or self.over())):
             measured = self.validate()
         if self.lead and ended:
             self.ctx.send({"event": "epoch", "epoch": s.epoch, "step": s.step,
@@ -362,7 +362,7 @@ class Worker:
         # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
         # --mode async: the one worker the server asked evaluates the whole split.
         failures: list[dict] = []
-        rank, world = (0, 1) if self.asynchronous else (self.rank, self.world)
+        rank, world = self.sync.evaluation_share(self.rank, self.world)
         batches = evaluation_batches(self.data.val, rank, world, config.batch_size, self.device,
                                      config.data_workers, failures)
         with self.sync.global_weights():
@@ -382,10 +382,7 @@ class Worker:
         elif config.patience and s.stale >= config.patience:
             s.stop = f"no improvement in {s.stale} validations (patience {config.patience})"
         record = {"event": "validation", "epoch": s.epoch, "step": self.sync.position(s.step), **measured}
-        if self.asynchronous:
-            self.sync.report(record)
-        elif self.lead:
-            self.ctx.send(record)
+        self.sync.report_validation(record, self.ctx.send if self.lead else None)
         return measured
 
     def over(self) -> bool:
@@ -396,36 +393,23 @@ class Worker:
     def validation_due(self) -> bool:
         """After an update: every --validate-every updates (--mode async: when the server asks this
         worker, every --validate-every updates of all workers' over N)."""
-        if self.asynchronous:
-            return self.sync.take("validate")
         every = self.config.validate_every
-        return bool(every) and self.state.step % every == 0
+        return self.sync.evaluation_due(bool(every) and self.state.step % every == 0)
 
     def save_due(self, ended: bool = False) -> bool:
         """Every --save-every-steps updates, and at the end (``ended``) of every --save-every-th epoch
         (--mode async: when the server has parked every worker for a checkpoint)."""
-        if self.asynchronous:
-            return "save" in self.sync.asked
         s, config = self.state, self.config
-        return bool(config.save_every_steps) and s.step % config.save_every_steps == 0 \
-            or ended and bool(config.save_every) and s.epoch % config.save_every == 0
-
-    def fresh_save(self) -> bool:
-        """Whether a save now writes something new: this update is not saved yet. --mode async: at a consistent
-        point (a worker that stops alone parks here), if the server said so; every worker, whatever its own
-        update, then saves together."""
-        if not self.asynchronous:
-            return self.state.saved_at != self.state.step
-        self.sync.finish()
-        return self.sync.take("save")
+        return self.sync.checkpoint_due(
+            bool(config.save_every_steps) and s.step % config.save_every_steps == 0
+            or ended and bool(config.save_every) and s.epoch % config.save_every == 0)
 
     def save(self) -> None:
         """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
         rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
         s, config = self.state, self.config
-        if not config.save or s.diverged or not self.fresh_save():
+        if not config.save or s.diverged or not self.sync.ready_to_save(s.saved_at != s.step):
             return
-        self.sync.finish()
         ticket = self.train_step.ticket
         if ticket is not None and ticket.applied() != s.step:
             raise RuntimeError(f"update {s.step} did not complete on every rank")     # a peer died: heal

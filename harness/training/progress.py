@@ -19,7 +19,7 @@ class Progress:
     def __init__(self, config: TrainConfig, steps_per_epoch: int, log: MetricsLog):
         self.config, self.log = config, log
         self.lock = threading.Lock()
-        self.total = config.max_steps or steps_per_epoch * config.epochs
+        self.total = config.total_updates(steps_per_epoch)
         self.epochs = -(-self.total // steps_per_epoch)
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
         self.saved: str | None = None      # the last checkpoint this run wrote
