@@ -16,6 +16,7 @@ device has run what was queued behind its collectives. Without revoke it is cupy
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import torch
@@ -32,6 +33,15 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):
 else:                                                        # older or CPU-only builds
     def _current_raw_stream(device: int) -> int:
         return torch.cuda.current_stream(device).cuda_stream
+
+
+def keep_graphs_unregistered() -> None:
+    """NCCL_GRAPH_REGISTER=0 for this process, unless set: the collectives a CUDA graph captures then go through
+    NCCL's own buffers instead of registering the tensors' memory with the peers. Registered, --zero's
+    replica exchange (a send/recv) in one graph with the shards' reduce-scatters and all-gathers never
+    finished its first replay (2 x H200, NCCL 2.28.9: bench/results/2026-11-26-h200x2-zero-heal-hang);
+    unregistered, it runs. NCCL reads the variable once, at the process's first communicator: call before."""
+    os.environ.setdefault("NCCL_GRAPH_REGISTER", "0")
 
 
 def _nccl():

@@ -87,10 +87,19 @@ class ShardLayout:
                 start, stop = min(offsets), max(o + p.numel() for o, p in zip(offsets, group))
                 self.buckets.append(ShardBucket(segment, group, offsets, start, stop, -(-(stop - start) // size), size))
         # Where the flat gradients exist (stage 1) this rank's piece of them is reduced in place; else
-        # (stage 2, or a replica of another rank's shard) each bucket's piece is a buffer of its own.
-        self.grads = [b.segment.grads[slice(*b.owned(rank))] if b.segment.grads is not None and not replica else
-                      torch.zeros(b.piece, dtype=b.segment.params.dtype, device=b.segment.params.device)
-                      for b in self.buckets]
+        # (stage 2, or a replica of another rank's shard) the pieces are consecutive views of one buffer per
+        # segment (``grad_buffers``), which the replica's shift sends and receives whole.
+        self.segment_buckets = [[i for i, b in enumerate(self.buckets) if b.segment is segment]
+                                for segment in flat.segments]
+        self.segment_buckets = [indices for indices in self.segment_buckets if indices]
+        own = replica or any(b.segment.grads is None for b in self.buckets)
+        self.grad_buffers = [torch.zeros(sum(self.buckets[i].piece for i in indices),
+                                         dtype=self.buckets[indices[0]].segment.params.dtype,
+                                         device=self.buckets[indices[0]].segment.params.device)
+                             for indices in self.segment_buckets] if own else []
+        self.grads = [g for buffer, indices in zip(self.grad_buffers, self.segment_buckets)
+                      for g in buffer.split([self.buckets[i].piece for i in indices])] if own else \
+            [b.segment.grads[slice(*b.owned(rank))] for b in self.buckets]
         self.pieces: list[torch.nn.Parameter] = []
         self.piece_buckets: list[int] = []        # the bucket of each piece
         for index, bucket in enumerate(self.buckets):
@@ -115,6 +124,14 @@ class ShardLayout:
         for index, piece in zip(self.piece_buckets, self.pieces):
             first, last = self.buckets[index].owned(self.rank)
             piece.copy_(self.buckets[index].segment.params[first:last])
+
+    def packed_grads(self) -> list[torch.Tensor]:
+        """Per segment, this rank's gradient pieces end to end, each padded to its bucket's ``piece``: the
+        buffers they are views of, or (stage 1's pieces of the flat gradients) a copy."""
+        if self.grad_buffers:
+            return self.grad_buffers
+        return [torch.cat([torch.nn.functional.pad(self.grads[i], (0, self.buckets[i].piece - self.grads[i].numel()))
+                           for i in indices]) for indices in self.segment_buckets]
 
     def largest_bucket_mb(self) -> float:
         """The largest bucket, padded (a bucket holds at least one parameter, whatever bucket_mb says)."""
@@ -284,12 +301,10 @@ class ShardedGradients(GradientAveraging):
             self._replicate()
 
     def _replicate(self) -> None:
-        """Each gradient piece to the next rank, into its replica of this shard."""
-        for index, bucket in enumerate(self.layout.buckets):
-            mine = self.layout.grads[index]
-            if mine.numel() < bucket.piece:     # stage 1's piece of a padded bucket, padded
-                mine = torch.cat([mine, mine.new_zeros(bucket.piece - mine.numel())])
-            self.comm.shift(self.replica.layout.grads[index], mine)
+        """This rank's gradient pieces to the next rank, into its replica of this shard: one shift per
+        segment (one send/recv an update, whatever the number of buckets)."""
+        for received, mine in zip(self.replica.layout.grad_buffers, self.layout.packed_grads()):
+            self.comm.shift(received, mine)
 
     def before_step(self) -> None:
         """With a replica, a one-element all-reduce as the update's last collective before the optimizers

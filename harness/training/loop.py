@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from harness.collectives import ncclstop
+from harness.collectives import nccl, ncclstop
 from harness.collectives.async_worker import ServerVote, Solo
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import Replica, ShardLayout
@@ -132,6 +132,8 @@ class Worker:
             (compute, forward)
         timeline.mark(self.marks, "model")
         # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
+        if self.replica is not None and self.device.type == "cuda":
+            nccl.keep_graphs_unregistered()     # before the first communicator (its docstring says why)
         self.comm = Solo() if self.asynchronous else ctx.communicator()
         timeline.mark(self.marks, "communicator")
         if saved:
