@@ -2,6 +2,7 @@
 staggered updates and applied late, compressed deltas with error feedback, exact resume mid-round."""
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -12,9 +13,11 @@ from harness.collectives.compress import Int8Codec, make_codec
 from harness.collectives.flat import FlatParameters
 from harness.collectives.outer import OuterOptimizer, OuterSynchroniser, fragment_slices
 from harness.resilience.checkpoint import load_checkpoint
+from harness.resilience.heal import Where, hand_over_anchor
 from harness.training.metrics import read_metrics
 from tests.helpers.collectives import small_model
-from tests.helpers.runs import interrupt
+from tests.helpers.runs import finish, interrupt, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import flat_params, run_train, train_error
 
 DILOCO = ["--mode", "param", "--avg-every", "8", "--outer-optimizer", "nesterov", "--optimizer", "adamw",
@@ -155,7 +158,71 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     (["--mode", "param", "--avg-every", "4", "--fragments", "5"], "at most K fragments"),
     (["--mode", "param", "--avg-every", "8", "--fragments", "2", "--outer-delay", "4"], "--outer-delay 4 must be under"),
     (["--mode", "param", "--outer-momentum", "0.5"], "add --outer-optimizer nesterov"),
-    (["--mode", "param", "--outer-optimizer", "nesterov", "--max-restarts", "1", "--heal", "on"], "--heal on"),
+    (["--mode", "async", "--max-restarts", "1", "--heal", "on"], "--heal on"),
 ])
 def test_outer_flags_that_cannot_work_are_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
+
+
+def anchor_hand_over(ctx) -> dict:
+    """Three ranks whose parameters, anchors, outer momenta, residuals and AdamW states differ: rank 2 is the
+    replacement (nothing held, an optimizer without state), rank 1 the survivor with the fewest updates."""
+    model = small_model()
+    flat = FlatParameters(model)
+    for param in flat.params:
+        param.add_(ctx.rank)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    if ctx.rank < 2:
+        model(torch.full((4, 20), float(ctx.rank + 1))).sum().backward()
+        optimizer.step()
+    before = [v.clone() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    held = None if ctx.rank == 2 else {"anchor": [t + 10 * (ctx.rank + 1) for t in flat.params],
+                                      "momentum": [torch.full_like(t, ctx.rank + 1.0) for t in flat.params],
+                                      "residual": [torch.full_like(t, ctx.rank + 1.0) for t in flat.params]}
+    where = None if ctx.rank == 2 else Where(0, 10 - ctx.rank, 10 - ctx.rank, float("inf"), 0)
+    place, summary, held = hand_over_anchor(ctx, ctx.communicator(), flat, optimizer, where, held, nesterov=True)
+    after = [v.clone() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    return {"params": [p.clone() for p in flat.params], **held, "before": before, "after": after,
+            "place": place, "summary": summary}
+
+
+def test_a_diloco_heal_takes_every_rank_back_to_the_donor_s_anchor_and_gives_the_replacement_its_inner_state():
+    with Parent() as parent:
+        group = parent.fork(3)
+        group.exec(anchor_hand_over)
+        ranks = group.wait()
+    donor = ranks[1]
+    assert donor["summary"]["donor"] == 1 and donor["place"].step == 9 and donor["summary"]["back_to_anchor"]
+    for rank in ranks:
+        assert all(torch.equal(p, a) for p, a in zip(rank["params"], donor["anchor"]))
+        assert all(torch.equal(m, torch.full_like(m, 2.0)) for m in rank["momentum"])      # the donor's
+    assert [float(rank["residual"][0].flatten()[0]) for rank in ranks] == [1.0, 2.0, 0.0]    # each its own
+    def same(a: list, b: list) -> bool:
+        return len(a) == len(b) > 0 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert same(ranks[0]["after"], ranks[0]["before"]) and same(donor["after"], donor["before"])   # survivors keep theirs
+    assert ranks[2]["before"] == [] and same(ranks[2]["after"], donor["before"])       # the replacement: the donor's
+    assert not same(ranks[0]["before"], donor["before"])
+
+
+def test_a_diloco_worker_killed_is_healed_in_place_from_the_last_sync(tmp_path):
+    """DiLoCo (K = 8) on three CPU workers, one SIGKILLed after update 20: no restart; the group goes back to the
+    anchor of its last sync and finishes. It loses at most K - 1 updates of progress, so it ends below the loss
+    the uninterrupted run had 2K updates before its end."""
+    flags = [*SLOW_FLAGS, *DILOCO, "--max-restarts", "1", "--heal", "on", "--validate-every", "4"]
+    process = start_train(tmp_path, *flags)
+    wait_for_record(process, tmp_path, lambda records: any(r.get("step", 0) >= 20 for r in records
+                                                           if r["event"] == "step"))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, _ = finish(process, tmp_path)
+
+    assert status == 0, err
+    [heal] = records_of(tmp_path, "recovered")
+    assert heal["rank"] == 1 and heal["back_to_anchor"] and heal["mode"] == "param" and left == []
+    assert records_of(tmp_path, "restart") == []
+    healed = {r["step"]: r["val_loss"] for r in records_of(tmp_path, "validation")}
+    run_train(tmp_path, *flags, name="straight")
+    straight = {r["step"]: r["val_loss"] for r in read_metrics(tmp_path / "straight" / "metrics.jsonl")
+                if r["event"] == "validation"}
+    print("DiLoCo heal at update", heal["step"], "val_loss healed", healed[60], "uninterrupted", straight[60],
+          "at 44", straight[44])
+    assert healed[60] < straight[44]

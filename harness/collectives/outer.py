@@ -188,6 +188,11 @@ class OuterSynchroniser(Synchroniser):
         """The anchor in the model's parameters, for evaluation or a checkpoint's model; then back."""
         return anchored(self.flat, self.anchor)
 
+    def kept_through_heal(self) -> dict[str, Any]:
+        """The outer state (harness/resilience/heal.py: hand_over_anchor); exchanges in flight are not kept: the
+        communicator that carried them is gone."""
+        return {"anchor": self.anchor, "momentum": self.momentum, "residual": self.residual}
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's part of a checkpoint, on the host (exchanges in flight waited for, not applied)."""
         return {"params": host(self.flat.params), "anchor": host(self.anchor), "momentum": host(self.momentum),

@@ -131,6 +131,11 @@ class Synchroniser:
     def load_state_dict(self, state: dict) -> None:
         """Take this rank's part of a checkpoint back (what ``state_dict`` gave)."""
 
+    def kept_through_heal(self) -> dict | None:
+        """What this rank's synchroniser holds that a heal in place carries over to the next one (param mode's
+        outer optimizer: the anchor, its momentum, the error-feedback residual); None: nothing."""
+        return None
+
     def gradient_bytes(self) -> int:
         """What this rank holds for gradients (the flat buffers; a sharded synchroniser adds its own)."""
         return sum(g.nbytes for g in self.flat.grads)

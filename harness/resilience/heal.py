@@ -128,11 +128,7 @@ def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.
     """Collective on every rank of the new generation; ``where`` is None on the replacement.
     Copies the donor's state to every rank (``average``: parameters and buffers are the survivors'
     mean instead) and returns (the donor's Where, a summary for the log: donor, steps_lost)."""
-    places = ctx.exchange(ctx.unique_tag("heal"), where)
-    survivors = [rank for rank, place in enumerate(places) if place is not None]
-    if not survivors:
-        raise RuntimeError("no survivor to heal from: every rank was replaced")
-    donor = min(survivors, key=lambda rank: (places[rank].step, rank))
+    places, survivors, donor = _places(ctx, where)
     tensors = (*flat.params, *flat.buffers)
     if average:
         for tensor in tensors:
@@ -144,8 +140,47 @@ def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.
         for tensor in tensors:
             comm.broadcast(tensor, root=donor)
     broadcast_optimizer(ctx, comm, optimizer, donor)
-    return places[donor], {"donor": donor, "steps": [None if place is None else place.step for place in places],
-                           "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
+    return places[donor], _summary(places, survivors, donor)
+
+
+def hand_over_anchor(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.Optimizer,
+                     where: Where | None, held: dict | None, nesterov: bool) -> tuple[Where, dict, dict]:
+    """Param mode's outer optimizer (DiLoCo, harness/collectives/outer.py): the group goes back to its last sync.
+    Collective on every rank of the new generation; ``held``: this survivor's outer state (``anchor``,
+    ``momentum``, ``residual``), None on the replacement; ``nesterov``: whether there is a momentum.
+
+    The donor (fewest updates) broadcasts its anchor, outer momentum and buffers to every rank (a survivor a sync
+    ahead of it goes back too), every rank's parameters become the anchor, and the replacement takes the donor's
+    inner optimizer state; survivors keep their own inner state and error-feedback residual (the replacement's
+    starts at zero). Lost: what each worker trained since its last sync (at most K - 1 updates; per fragment,
+    since that fragment's), never what a sync applied; the run goes on from the donor's place.
+    Returns (the donor's Where, a summary for the log, the outer state to continue from)."""
+    places, survivors, donor = _places(ctx, where)
+    if held is None:
+        held = {"anchor": [torch.empty_like(t) for t in flat.params],
+                "momentum": [torch.zeros_like(t) for t in flat.params] if nesterov else None,
+                "residual": [torch.zeros_like(t, dtype=torch.float32) for t in flat.params]}
+    for tensor in (*held["anchor"], *(held["momentum"] or []), *flat.buffers):
+        comm.broadcast(tensor, root=donor)
+    for param, anchor in zip(flat.params, held["anchor"]):
+        param.copy_(anchor)
+    replaced = {rank for rank, place in enumerate(places) if place is None}
+    broadcast_optimizer(ctx, comm, optimizer, donor, receivers=replaced)
+    return places[donor], {**_summary(places, survivors, donor), "back_to_anchor": True}, held
+
+
+def _places(ctx: Any, where: Where | None) -> tuple[list[Where | None], list[int], int]:
+    """Every rank's Where (None: a replacement), the survivors, and the donor: the survivor with the fewest updates."""
+    places = ctx.exchange(ctx.unique_tag("heal"), where)
+    survivors = [rank for rank, place in enumerate(places) if place is not None]
+    if not survivors:
+        raise RuntimeError("no survivor to heal from: every rank was replaced")
+    return places, survivors, min(survivors, key=lambda rank: (places[rank].step, rank))
+
+
+def _summary(places: list[Where | None], survivors: list[int], donor: int) -> dict:
+    return {"donor": donor, "steps": [None if place is None else place.step for place in places],
+            "steps_lost": max(places[r].step for r in survivors) - places[donor].step}
 
 
 def broadcast_optimizer(ctx: Any, comm: Any, optimizer: torch.optim.Optimizer, donor: int,

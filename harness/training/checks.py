@@ -179,11 +179,11 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
     heals in place only with --heal on, which keeps a replica of each shard on the next worker."""
     if not config.max_restarts or config.heal == "off":
         return False
-    if config.outer:
+    if config.mode == "async":
         if config.heal == "on":
-            raise ConfigError("--heal on: the outer optimizer's state and each worker's progress since the last sync "
-                              "are not handed over yet, so the run restarts from the last checkpoint instead; drop "
-                              "--heal on (save often with --save-every-steps)")
+            raise ConfigError("--heal on: --mode async does not heal in place yet (the server's grants and each "
+                              "worker's progress are not handed over), so the run restarts from the last checkpoint "
+                              "instead; drop --heal on (save often with --save-every-steps)")
         return False
     if config.zero and config.heal != "on":
         return False        # a replica of each shard (healing in place) costs memory: only when asked for

@@ -36,7 +36,7 @@ from harness.control import timeline
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import evaluation_batches
 from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state, to_host
-from harness.resilience.heal import Ticket, Where, hand_over, rejoin, rewind
+from harness.resilience.heal import Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
 from harness.resilience.shard_heal import Progress, hand_over_shards
@@ -457,6 +457,7 @@ class Worker:
         # host runs ahead of the device, and the ticket's count is where the optimizers stand.
         progress = None if self.replica is None else Progress(False, False) if ticket else \
             Progress(self.sync.ready, self.sync.applied)
+        held = self.sync.kept_through_heal()
         self.sync.close()
         self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
         timeline.mark(phases, "rejoined")
@@ -466,20 +467,23 @@ class Worker:
         where = self.state.where()
         if ticket is not None:
             where = rewind(where, ticket.applied(), self.batches.steps_per_epoch)
-        self.heal(where, phases, queued=self.state.step - where.step, progress=progress)
+        self.heal(where, phases, queued=self.state.step - where.step, progress=progress, held=held)
 
     def heal(self, where: Where | None, phases: dict, queued: int | None = None,
-             progress: Progress | None = None) -> None:
+             progress: Progress | None = None, held: dict | None = None) -> None:
         """This rank's part once the group has a replacement for a dead rank (harness/resilience/heal.py):
         take the donor's state and place, and go on from there. ``where`` is None on the replacement itself.
         ``phases``: when this rank reached each phase of the heal; ``queued``: updates it had issued past
-        the last one applied; ``progress``: how far the interrupted update got (--zero). The lead reports
-        every rank's."""
+        the last one applied; ``progress``: how far the interrupted update got (--zero); ``held``: what the
+        synchroniser kept through the heal (the outer optimizer's state). The lead reports every rank's."""
         began = time.monotonic()
         if self.replica is not None:        # --zero: the dead rank's shard from its replica
             place, summary = hand_over_shards(self.ctx, self.comm, self.flat, self.shards, self.optimizer, self.replica,
                                               where, progress)
             self.finishing = summary["finishing"]
+        elif self.config.outer:             # DiLoCo: back to the anchor of the last sync
+            place, summary, held = hand_over_anchor(self.ctx, self.comm, self.flat, self.optimizer, where, held,
+                                                    nesterov=self.config.outer_optimizer == "nesterov")
         else:
             place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
                                        average=self.config.mode == "param")
@@ -488,6 +492,8 @@ class Worker:
             self.scaler.share(self.comm, summary["donor"])
         self.state.go_to(place, self.batches.steps_per_epoch)
         self.attach(start=False)
+        if held is not None:
+            self.sync.load_state_dict({"params": self.flat.params, **held, "pending": []})
         timeline.mark(phases, "attached")
         self.stream = None
         self.reseed(self.state.epoch, self.state.step)
