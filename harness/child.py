@@ -139,7 +139,8 @@ class Context:
         """After an error on this rank in a group forked with ``heal=True``: if the parent reports a
         failed peer within ``grace`` s, wait for it to start the replacement and return its notice
         ({"generation", "replaced"}): this rank is now in the new generation, no longer aborted, and
-        must open a new communicator. None if no peer failed: the error was this rank's own.
+        must open a new communicator. None if no peer failed: the error was this rank's own. A notice with
+        "salvage" (the failed peer's host is lost) says no replacement is coming.
         Raises PeerFailed if the parent gives up healing and stops the run instead."""
         notice = self._server.await_heal(grace)
         if notice is not None:

@@ -38,7 +38,7 @@ from .control import endpoint, spawn, wire
 from .control.errors import ChildError, ChildFailed
 from .control.link import Link
 from .control.mailbox import Mailbox
-from .control.replace import replace_rank
+from .control.replace import replace_rank, salvage
 from .control.spawn import Starter
 from .control.supervise import STOP_GRACE, Supervisor
 from .launch import placement
@@ -155,6 +155,12 @@ class Children:
             raise RuntimeError("replace() needs a group forked with heal=True")
         self._mail.forget_exchanges()
         replace_rank(self._watch, rank)
+
+    def salvage(self, rank: int, answered: Callable[[Any], bool], timeout: float = 120.0) -> list:
+        """After ``replace(rank)`` raised ``HostLost``: the survivors learn that no heal is coming, and the lowest
+        live rank among them saves what it holds (harness/control/replace.py); what it sent until
+        ``answered(item)``, its death or ``timeout`` s."""
+        return salvage(self._watch, rank, answered, timeout)
 
     def watch_silence(self, notify: Callable[[int, float | None], None]) -> None:
         """Call ``notify(rank, seconds)`` when a child has sent nothing for a third of the heartbeat

@@ -22,6 +22,7 @@ from harness.launch import agent, trust
 from harness.launch.agents import Agents
 from harness.launch.cluster import RETRY_EXIT, ClusterStart, rendezvous
 from harness.launch.placement import on_this_node
+from harness.resilience.checkpoint import load_checkpoint
 from tests.helpers.ci import missing
 from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file, mpirun
 from tests.helpers.netns_hosts import Hosts
@@ -213,13 +214,15 @@ def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it
         rendezvous(ClusterStart("mpi", 1, 2), RECORDED["openmpi"][0])
 
 
-def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retries(hosts, tmp_path):
+def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retries_and_a_survivor_s_checkpoint(
+        hosts, two_node_straight, tmp_path):
     """A PyTorchJob's worker pod killed mid-run (its Train.py, the agent, SIGKILLed): after the heartbeat
-    timeout node 0 reports the node lost and exits RETRY_EXIT, which an ExitCode policy restarts; nothing
-    of the run is left on either pod's host."""
-    job = PyTorchJob(hosts, tmp_path, *SLOW_FLAGS[:SLOW_FLAGS.index("--cpu-workers")], "--cpu-workers", "1",
-                     "--max-steps", "1000", "--heartbeat-timeout", "6", "--max-restarts", "2",
-                     "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    timeout node 0 reports the node lost; no worker can start there, so the survivor saves the update it
+    holds, and node 0 exits RETRY_EXIT, which an ExitCode policy restarts. Resumed from that checkpoint, the
+    run ends with the parameters of its uninterrupted run; nothing of it is left on either pod's host."""
+    flags = slow_flags(1, "--model-options", '{"delay": 0.2}', "--heartbeat-timeout", "4", "--max-restarts", "2",
+                       "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    job = PyTorchJob(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})     # the straight run's arithmetic
     try:
         job.resolve(1)
         job.start(0)
@@ -231,6 +234,12 @@ def test_a_worker_pod_that_dies_ends_the_run_with_the_status_the_operator_retrie
         job.close()
     assert f"node 1 ({hosts.addresses[1]}) is lost: no heartbeat from its agent" in job.output(0)
     assert children_on(hosts) == []
+    saved = [r for r in records(tmp_path) if r["event"] == "saved"]
+    assert saved[-1].get("salvaged") and saved[-1]["step"] % 20 != 0, saved       # not a --save-every-steps one
+    assert load_checkpoint(str(tmp_path / "job.pt"))["step"] == saved[-1]["step"]
+    _, resumed = run_train(tmp_path, *slow_flags(2, "--model-options", '{"delay": 0.2}', "--resume",
+                                                 str(tmp_path / "job.pt")), name="resumed")
+    assert torch.equal(flat_params(two_node_straight), flat_params(resumed))
 
 
 def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_resumes_the_run(hosts, two_node_straight,

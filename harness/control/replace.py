@@ -8,10 +8,16 @@ The new child joins the running exec, and the survivors get the heal notice ({"g
 "replaced"}) they wait for. Each replacement starts a new *generation*: the replacement's identity
 and every exchange tag carry it, so nothing of the broken generation is mistaken for the new one's.
 What the ranks do then is the running code's business (harness/resilience/heal.py is Train.py's).
+
+When the dead rank's host is lost (``HostLost``: no child can start there), ``salvage`` sends the survivors a
+notice of another kind instead ({"generation", "salvage": the rank that is to write what it holds}), and
+waits for that rank to say it did.
 """
 from __future__ import annotations
 
 import time
+
+from typing import Any, Callable
 
 from .errors import ChildFailed
 from .spawn import ChildProcess
@@ -45,6 +51,29 @@ def replace_rank(group: Supervisor, rank: int) -> None:
                                                      "gpu": group.starter.gpu_of(rank)}))
     if group.exec_id:       # running on every survivor (checked above): the replacement joins it
         _hand_over(group, child, rank)
+
+
+def salvage(group: Supervisor, rank: int, answered: Callable[[Any], bool], timeout: float) -> list:
+    """``rank`` died and cannot be replaced: tell the survivors, which wait for a heal, that none is coming and
+    that the lowest live rank among them is to save what it holds. Returns what that rank sent until
+    ``answered(item)`` (its word that it saved, or could not), its death, or ``timeout`` s; [] when no survivor
+    is left or nothing runs."""
+    survivors = [c for c in group.children if c.rank != rank and c.process.poll() is None]
+    if not survivors or not group.exec_id:
+        return []
+    saver = survivors[0]
+    for survivor in survivors:
+        group.send_if_alive(survivor, ("heal", group.exec_id, {"generation": group.generation, "salvage": saver.rank}))
+    sent: list = []
+
+    def done() -> bool | None:
+        while saver.inbox["data"]:
+            sent.append(saver.inbox["data"].popleft())
+            if answered(sent[-1]):
+                return True
+        return True if saver.process.poll() is not None else None
+    group.link.wait_for(done, time.monotonic() + timeout)
+    return sent
 
 
 def _reap(old: ChildProcess) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Mapping
 import zmq
 
 from harness.control import wire
+from harness.control.errors import HostLost
 from . import trust, zygote
 from .cluster import ClusterStart
 from .launchers import Host, Launcher, address_toward, remote_environment
@@ -56,7 +57,7 @@ HEARTBEAT = 1.0             # s between heartbeats each way
 SAY_EVERY = 10.0            # s between the parent's lines saying which nodes it still waits for
 
 
-class NodeLost(RuntimeError):
+class NodeLost(HostLost):
     """A node's agent is gone (its node died, or the network to it): the run cannot go on there."""
 
 

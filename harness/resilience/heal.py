@@ -107,7 +107,8 @@ def rejoin(ctx: Any, comm: Any, error: BaseException, forget: Callable[[], None]
     """After ``error`` (a failed collective, say) was raised on this rank: if the parent reports a dead
     peer, wait for its replacement and return a communicator over the new generation (``ctx.generation``
     says which). None when no peer died within ``grace`` s: the error was this rank's own, and the caller
-    re-raises it. The caller first drops what it holds of ``comm``'s pending work (its synchroniser);
+    re-raises it; raises ``Salvage`` when no replacement can start. The caller first drops what it holds of
+    ``comm``'s pending work (its synchroniser);
     ``forget`` lets go of the rest (a CUDA graph that captured ``comm``), once the device has run what was
     queued (a graph's memory must outlive its queued replays) and before ``comm`` is destroyed."""
     # The error's frames hold the failed work handles, which hold the process group's sockets open.
@@ -118,9 +119,21 @@ def rejoin(ctx: Any, comm: Any, error: BaseException, forget: Callable[[], None]
     forget()
     gc.collect()
     ctx.release(comm)
-    if ctx.await_heal(grace) is None:
+    notice = ctx.await_heal(grace)
+    if notice is None:
         return None
+    if "salvage" in notice:
+        raise Salvage(notice["salvage"])
     return ctx.communicator()
+
+
+class Salvage(Exception):
+    """No heal is coming: the dead rank's host is lost (harness/control/replace.py: salvage). ``saver``: the rank
+    that is to write what it holds before the run ends."""
+
+    def __init__(self, saver: int):
+        super().__init__(f"no replacement can start; rank {saver} saves what it holds")
+        self.saver = saver
 
 
 def hand_over(ctx: Any, comm: Any, flat: FlatParameters, optimizer: torch.optim.Optimizer,

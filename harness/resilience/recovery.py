@@ -9,7 +9,10 @@
   log's "recovered" record: rank, cause, seconds from the failure to training again, the step
   redone). Healing is refused, and the failure raised, when it is off, when the budget is spent,
   or when another failure comes while a heal is under way: a group that broke while mending
-  itself is restarted from the checkpoint instead.
+  itself is restarted from the checkpoint instead. When the dead rank's host is lost (``HostLost``: a
+  node agent fell silent), no replacement can start: a survivor saves what it holds (``Children.salvage``;
+  the workers' "saved" record, or "not_saved" and why) and ``HostLost`` ends the run, for the engine that
+  started it to restart it from that checkpoint.
 - ``run(attempt)``: calls ``attempt(resume)`` and, when a worker dies or stops responding
   (``ChildFailed``, the group stopped), calls it again with ``resume`` the last checkpoint this run
   wrote. A resume is exact (harness/training/loop.py), so what is lost is the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
+from harness.control.errors import HostLost
 from harness.parent import ChildFailed, Children
 
 T = TypeVar("T")
@@ -91,6 +95,10 @@ class Recovery:
         except ChildFailed as error:
             self._unhealed = f"the replacement failed: rank {error.rank} {error.reason}"
             kids.stop(grace=1.0)
+            raise
+        except HostLost:        # no child can start there: a survivor saves what it holds, for the engine's restart
+            for record in kids.salvage(failure.rank, lambda sent: sent.get("event") in ("saved", "not_saved")):
+                self._report(record)
             raise
 
     def healed(self, record: dict) -> dict:

@@ -33,10 +33,11 @@ from harness.collectives.async_worker import ServerVote, Solo
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import Replica, ShardLayout
 from harness.control import timeline
+from harness.control.errors import PeerFailed
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import evaluation_batches
 from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state, to_host
-from harness.resilience.heal import Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
+from harness.resilience.heal import Salvage, Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
 from harness.resilience.shard_heal import Progress, hand_over_shards
@@ -459,15 +460,45 @@ class Worker:
             Progress(self.sync.ready, self.sync.applied)
         held = self.sync.kept_through_heal()
         self.sync.close()
-        self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
+        try:
+            self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
+        except Salvage as salvage:
+            if salvage.saver == self.rank:
+                self.save_alone(self.applied_place(ticket))
+            raise PeerFailed(f"{error}; {salvage}") from None
         timeline.mark(phases, "rejoined")
         self.train_step, self.vote = None, None
         if self.comm is None:
             raise error
-        where = self.state.where()
-        if ticket is not None:
-            where = rewind(where, ticket.applied(), self.batches.steps_per_epoch)
+        where = self.applied_place(ticket)
         self.heal(where, phases, queued=self.state.step - where.step, progress=progress, held=held)
+
+    def applied_place(self, ticket: Ticket | None) -> Where:
+        """Where this rank stands: its count of updates, or on a GPU worker that heals, the ticket's count of those
+        the device applied (it may be behind the host's)."""
+        where = self.state.where()
+        return rewind(where, ticket.applied(), self.batches.steps_per_epoch) if ticket is not None else where
+
+    def save_alone(self, where: Where) -> None:
+        """A dead rank's host is lost, so no replacement can start: write the run's state as this survivor holds
+        it, after update ``where.step``, with no collective (grad mode without --zero: every replica holds it),
+        for the engine's restart to resume. Each rank's generators are this rank's (a model that draws random
+        numbers resumes with other draws than the uninterrupted run's). Sends "saved", or "not_saved" and why."""
+        config = self.config
+        why = "--save is empty" if not config.save else \
+            f"--mode {config.mode}: each worker holds parameters of its own" if config.mode != "grad" else \
+            "--zero: the dead rank's shards are not all here" if config.zero else \
+            "the parameters are not finite" if not all(bool(torch.isfinite(p).all()) for p in self.flat.params) else None
+        if why:
+            self.ctx.send({"event": "not_saved", "step": where.step, "why": why})
+            return
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": where.epoch,
+                 "step": where.step, "position": where.position, "rng": [rng_state(self.device)] * self.world,
+                 "early_stop": (where.best_error, where.stale), "ranks": None, "config": config.to_dict(),
+                 "loss_scale": [self.scaler.state_dict()] * self.world if self.scaler else None}
+        saved = {"event": "saved", "epoch": where.epoch, "step": where.step, "path": config.save, "salvaged": True}
+        self.saver.save(config.save, state, done=lambda: self.ctx.send(saved))
+        self.saver.wait()
 
     def heal(self, where: Where | None, phases: dict, queued: int | None = None,
              progress: Progress | None = None, held: dict | None = None) -> None:

@@ -61,6 +61,11 @@ class Progress:
                        + f" ({record['seconds']:.1f} s)")
         elif event == "saved":
             self.saved = record["path"]
+            if record.get("salvaged"):
+                tqdm.write(f"a host was lost: a survivor saved update {record['step']} to {record['path']}, "
+                           "which the run resumes from when it is started again")
+        elif event == "not_saved":
+            tqdm.write(f"a host was lost: nothing saved since the last checkpoint ({record['why']})")
         elif event in ("recovered", "restart"):
             tqdm.write(describe_recovery(record))
         elif event == "done" and record["stop"] and not record.get("signal"):    # Train.py says where it stopped
@@ -75,8 +80,10 @@ def describe_recovery(record: dict) -> str:
     """The console line of a "recovered" (healed in place) or "restart" record."""
     if record["event"] == "recovered":
         return (f"rank {record['rank']} ({record['cause']}) recovered in {record['seconds']:.1f} s, redoing "
-                f"step {record['redo_step']}" + (" (parameters: the survivors' average)"
-                                                 if record["mode"] == "param" else ""))
+                f"step {record['redo_step']}" + (" (every worker back to the anchor of its last sync)"
+                                                 if record.get("back_to_anchor") else
+                                                 " (parameters: the survivors' average)" if record["mode"] == "param"
+                                                 else ""))
     unhealed = f"; not healed in place: {record['not_healed']}" if "not_healed" in record else ""
     return (f"rank {record['rank']} ({record['cause']}{unhealed}): restarting every worker from "
             f"{record['resume'] or 'the start'} (restart {record['restart']} of {record['max_restarts']})")
