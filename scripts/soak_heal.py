@@ -19,7 +19,7 @@ each heal, the most updates a survivor had issued past the last one applied),
 steps_lost_max, max_abs_diff_vs_uninterrupted (parameters and buffers, BatchNorm's running
 statistics aside), max_abs_diff_running_stats (those: they are per rank, and a replacement starts
 from the donor's; null without BatchNorm), restarts (heals that fell back to a checkpoint
-restart), finished (it ended at its last step), exit_status (Train.py's), orphans (live processes of the
+restart), finished (it ended at its last step), last_step (the last update it logged), exit_status (Train.py's), orphans (live processes of the
 run left after it; orphans_left says which), hung (the run did not end in time), seed.
 Run it from the checkout's root; the soak itself is tests/helpers/soak.py, which tests/test_heal.py runs in CI.
 """

@@ -134,7 +134,9 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
         left = described(orphans)
     finally:
         kill_session(process.pid)
-    return {**measure(records(work / name), signalled), "process_status": process.returncode, "hung": hung,
+    found = records(work / name)
+    return {**measure(found, signalled), "process_status": process.returncode, "hung": hung,
+            "last_step": max((r["step"] for r in found if r["event"] in ("step", "first_step")), default=0),
             "stderr_tail": [line for line in err.splitlines() if "update/s" not in line and line.strip()][-8:],
             "orphans": len(orphans), "left": left, "signals": [s for _, s in signalled], "stderr": err}
 
@@ -211,7 +213,8 @@ def row(result: dict, saved: Path, expected: dict, steps: int, about: dict) -> d
             "steps_lost_max": max(result["steps_lost"], default=None),
             "heal_phases_s": result["phases"], "queued": result["queued"],
             "max_abs_diff_vs_uninterrupted": diff, "max_abs_diff_running_stats": stats_diff,
-            "restarts": result["restarts"], "finished": finished, "exit_status": result["process_status"],
+            "restarts": result["restarts"], "finished": finished, "last_step": result["last_step"],
+            "exit_status": result["process_status"],
             "orphans": result["orphans"], "orphans_left": result["left"], "hung": result["hung"],
             "causes": result["causes"], "stderr_tail": result["stderr_tail"]}
 
@@ -242,6 +245,7 @@ def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int 
                 stderr_to.with_name(f"{stderr_to.name}.{name}.stderr").write_text(result["stderr"])
             rows.append(row(result, work / f"{name}.pt", expected, steps, about))
             if result["hung"] and time.monotonic() >= end:
-                raise SoakTimeout(f"the soak's {time_limit:.0f} s ended during run {run + 1} of {runs}; "
+                stuck = " (it logged no update: a hang before its first step?)" if not result["last_step"] else ""
+                raise SoakTimeout(f"the soak's {time_limit:.0f} s ended during run {run + 1} of {runs}{stuck}; "
                                   f"the rows so far:\n" + "\n".join(json.dumps(r) for r in rows))
     return rows
