@@ -1,6 +1,7 @@
-"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs in one
-process by default; ``-n 3`` runs it on pytest-xdist workers, with what must not run at once grouped
-below (under load, the shared-memory group and heal tests were seen to fail that way: not yet the default)."""
+"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs on two
+pytest-xdist workers (pyproject.toml's addopts: a 2-core machine, most tests waiting on subprocesses),
+with what must not run at once grouped below; ``-n 0`` runs it in one process. On three workers, under the
+load of other suites, the shared-memory group and heal tests were seen to fail."""
 import fcntl
 import os
 
