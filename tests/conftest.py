@@ -1,7 +1,8 @@
-"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs on two
-pytest-xdist workers (pyproject.toml's addopts: a 2-core machine, most tests waiting on subprocesses),
-with what must not run at once grouped below; ``-n 0`` runs it in one process. On three workers, under the
-load of other suites, the shared-memory group and heal tests were seen to fail."""
+"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs in one process
+by default; ``-n 2 --dist loadgroup`` runs it on two pytest-xdist workers in about 0.7 of the time, with what
+must not run at once grouped below. Not the default: of four such fresh-clone runs one failed (torchrun's
+rendezvous closed in the agent-restart test, which the load shifts), and on three workers under other
+suites' load the shared-memory group and heal tests failed."""
 import fcntl
 import os
 
