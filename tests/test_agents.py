@@ -371,9 +371,11 @@ def agent_process(hosts: Hosts, index: int) -> int:
 def test_a_node_agent_killed_under_torchrun_restarts_the_job_which_resumes_where_it_was(hosts, slow_straight,
                                                                                      tmp_path):
     """torchrun --max-restarts 1 on three nodes, node 1's agent SIGKILLed mid-run: torchrun restarts the job
-    on every node, which resumes from the checkpoint and ends with the uninterrupted run's parameters."""
-    flags = slow_flags(1, "--max-restarts", "1", "--save", str(tmp_path / "model.pt"), "--log-dir",
-                       str(tmp_path / "logs"))
+    on every node, which resumes from the checkpoint and ends with the uninterrupted run's parameters. Its
+    updates take 100 ms (the arithmetic is the same): at 30 ms, a loaded machine once let the run end before
+    torchrun's restart reached node 0, which then found the rendezvous closed."""
+    flags = slow_flags(1, "--model-options", '{"delay": 0.1}', "--max-restarts", "1", "--save",
+                       str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs"))
     job = Torchrun(hosts, tmp_path, *flags, nodes=3, max_restarts=1, env={"OMP_NUM_THREADS": "1"})
     wait_for(job, tmp_path, "saved")
     os.kill(agent_process(hosts, 1), signal.SIGKILL)
