@@ -16,7 +16,7 @@ from harness.training.step import HEAL_DEPTH
 from tests.helpers.data_files import make_token_files
 from tests.helpers.gpus import has_gpus
 from tests.helpers.processes import kill_quietly
-from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.runs import finish, killed_at, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
 from tests.helpers.training import flat_params, optimizer_state, run_train
 
 pytestmark = pytest.mark.gpu
@@ -94,11 +94,7 @@ def test_a_gpu_worker_of_a_sharded_run_killed_is_healed_from_its_shards_replica_
     monkeypatch.syspath_prepend(str(tmp_path))
     sharded = [*FLAGS, *flags, "--zero", "2", "--heal", "on", "--max-restarts", "1", "--optimizer", "adamw",
                "--clip-grad", "0.5"]
-    process = start_train(tmp_path, *sharded)
-    wait_for_record(process, tmp_path, lambda records: any(r.get("step", 0) >= 50 for r in records
-                                                           if r["event"] == "step"))
-    os.kill(workers_of(process)[1], signal.SIGKILL)
-    status, err, left, out = finish(process, tmp_path)
+    status, err, left, out = killed_at(tmp_path, sharded, step=50)
 
     assert status == 0, err
     assert "--no-cuda-graph" in flags or "running eagerly" not in out, out

@@ -2,7 +2,6 @@
 staggered updates and applied late, compressed deltas with error feedback, exact resume mid-round."""
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -16,7 +15,7 @@ from harness.resilience.checkpoint import load_checkpoint
 from harness.resilience.heal import Where, hand_over_anchor
 from harness.training.metrics import read_metrics
 from tests.helpers.collectives import small_model
-from tests.helpers.runs import finish, interrupt, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.runs import interrupt, killed_at, records_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import flat_params, run_train, train_error
 
@@ -209,11 +208,7 @@ def test_a_diloco_worker_killed_is_healed_in_place_from_the_last_sync(tmp_path):
     anchor of its last sync and finishes. It loses at most K - 1 updates of progress, so it ends below the loss
     the uninterrupted run had 2K updates before its end."""
     flags = [*SLOW_FLAGS, *DILOCO, "--max-restarts", "1", "--heal", "on", "--validate-every", "4"]
-    process = start_train(tmp_path, *flags)
-    wait_for_record(process, tmp_path, lambda records: any(r.get("step", 0) >= 20 for r in records
-                                                           if r["event"] == "step"))
-    os.kill(workers_of(process)[1], signal.SIGKILL)
-    status, err, left, _ = finish(process, tmp_path)
+    status, err, left, _ = killed_at(tmp_path, flags, step=20)
 
     assert status == 0, err
     [heal] = records_of(tmp_path, "recovered")

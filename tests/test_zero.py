@@ -2,9 +2,6 @@
 1/N of the state, and write checkpoints that any number of workers with any --zero resumes."""
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 import torch
 
@@ -20,7 +17,7 @@ from harness.training.config import TrainConfig
 from harness.training.metrics import read_metrics
 from harness.training.optim import OPTIMIZERS, build_optimizer, default_impl
 from tests.helpers.collectives import small_model
-from tests.helpers.runs import finish, records_of, start_train, wait_for_record, workers_of
+from tests.helpers.runs import killed_at, records_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import flat_params, optimizer_state, run_train, train_error
 
@@ -155,11 +152,8 @@ def test_a_killed_worker_of_a_sharded_run_is_healed_from_its_shards_replica_bit_
     flags = [*SLOW_FLAGS, "--optimizer", "adamw", "--clip-grad", "0.5", "--zero", "2", "--heal", "on",
              "--max-restarts", "1"]
     _, straight = run_train(tmp_path, *flags, name="straight")
-    process = start_train(tmp_path, *flags)         # its TMPDIR's socket paths: as short as a test's can be
-    wait_for_record(process, tmp_path, lambda records: any(r.get("step", 0) >= 20 for r in records
-                                                           if r["event"] == "step"))
-    os.kill(workers_of(process)[1], signal.SIGKILL)
-    status, err, left, _ = finish(process, tmp_path)
+    # killed_at starts it with a TMPDIR of its own: socket paths as short as a test's can be
+    status, err, left, _ = killed_at(tmp_path, flags, step=20)
 
     assert status == 0, err
     [heal] = records_of(tmp_path, "recovered")

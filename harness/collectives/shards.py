@@ -89,9 +89,8 @@ class ShardLayout:
         # Where the flat gradients exist (stage 1) this rank's piece of them is reduced in place; else
         # (stage 2, or a replica of another rank's shard) the pieces are consecutive views of one buffer per
         # segment (``grad_buffers``), which the replica's shift sends and receives whole.
-        self.segment_buckets = [[i for i, b in enumerate(self.buckets) if b.segment is segment]
-                                for segment in flat.segments]
-        self.segment_buckets = [indices for indices in self.segment_buckets if indices]
+        self.segment_buckets = [indices for segment in flat.segments
+                                if (indices := [i for i, b in enumerate(self.buckets) if b.segment is segment])]
         own = replica or any(b.segment.grads is None for b in self.buckets)
         self.grad_buffers = [torch.zeros(sum(self.buckets[i].piece for i in indices),
                                          dtype=self.buckets[indices[0]].segment.params.dtype,

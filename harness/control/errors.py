@@ -2,7 +2,8 @@
 
 In the parent, ``ChildError``: the code a child ran raised; the child's traceback comes with it.
 ``ChildFailed``: a child died or stopped responding; the rank, why, its host and the last lines of
-its stderr come with it. ``HostLost``: a dead child's host is gone, so no child can take its place. Both are raised by the group's supervision (harness/control/supervise.py).
+its stderr come with it. Both are raised by the group's supervision (harness/control/supervise.py).
+``HostLost``: a dead child's host is gone, so no child can take its place (a launcher raises it).
 In a child, ``PeerFailed``: another child failed, so the running function's wait (a join, a
 receive, an exchange) is ended instead of lasting forever (harness/control/serve.py).
 They live here because the control plane raises them; users import them from the API

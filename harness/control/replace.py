@@ -16,7 +16,6 @@ waits for that rank to say it did.
 from __future__ import annotations
 
 import time
-
 from typing import Any, Callable
 
 from .errors import ChildFailed

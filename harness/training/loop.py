@@ -431,22 +431,28 @@ class Worker:
                                            "place": (s.epoch, s.step, s.position)})
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
-                saved = {"event": "saved", "epoch": s.epoch, "step": s.step, "path": config.save}
-                self.saver.save(config.save, {"model": self.model.state_dict(), "optimizer": optimizer,
-                                              "epoch": s.epoch, "step": s.step, "position": s.position,
-                                              "rng": generators, "early_stop": (s.best_error, s.stale),
-                                              "loss_scale": scales, "ranks": ranks,
-                                              "config": config.to_dict()},
-                                done=lambda: self.ctx.send(saved))
+                self.write(s.where(), optimizer, generators, scales, ranks)
         s.saved_at = s.step
 
-    def finite(self) -> bool:
-        """Whether every rank's parameters are finite (one all-reduce of a flag): the stop vote sees a
-        diverged loss a few updates late, and a checkpoint must not be written in between."""
+    def write(self, place: Where, optimizer: dict | None, generators: list, scales: list | None, ranks: list | None,
+              **record: Any) -> None:
+        """The checkpoint of the model as it is now, at ``place``, written to --save in the background; the "saved"
+        record (with ``record``'s fields) goes to the parent once it is on disk."""
+        saved = {"event": "saved", "epoch": place.epoch, "step": place.step, "path": self.config.save, **record}
+        self.saver.save(self.config.save, {"model": self.model.state_dict(), "optimizer": optimizer,
+                                           "epoch": place.epoch, "step": place.step, "position": place.position,
+                                           "rng": generators, "early_stop": (place.best_error, place.stale),
+                                           "loss_scale": scales, "ranks": ranks, "config": self.config.to_dict()},
+                        done=lambda: self.ctx.send(saved))
+
+    def finite(self, alone: bool = False) -> bool:
+        """Whether every rank's parameters are finite (one all-reduce of a flag; ``alone``: this rank's only):
+        the stop vote sees a diverged loss a few updates late, and a checkpoint must not be written in between."""
         bad = torch.zeros(1, dtype=torch.int32, device=self.device)
         for flat in self.flat.params:
             bad |= ~torch.isfinite(flat).all()
-        self.comm.all_reduce(bad, "max")
+        if not alone:
+            self.comm.all_reduce(bad, "max")
         return not bad.item()
 
     def recover(self, error: RuntimeError) -> None:
@@ -488,16 +494,12 @@ class Worker:
         why = "--save is empty" if not config.save else \
             f"--mode {config.mode}: each worker holds parameters of its own" if config.mode != "grad" else \
             "--zero: the dead rank's shards are not all here" if config.zero else \
-            "the parameters are not finite" if not all(bool(torch.isfinite(p).all()) for p in self.flat.params) else None
+            "the parameters are not finite" if not self.finite(alone=True) else None
         if why:
             self.ctx.send({"event": "not_saved", "step": where.step, "why": why})
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": where.epoch,
-                 "step": where.step, "position": where.position, "rng": [rng_state(self.device)] * self.world,
-                 "early_stop": (where.best_error, where.stale), "ranks": None, "config": config.to_dict(),
-                 "loss_scale": [self.scaler.state_dict()] * self.world if self.scaler else None}
-        saved = {"event": "saved", "epoch": where.epoch, "step": where.step, "path": config.save, "salvaged": True}
-        self.saver.save(config.save, state, done=lambda: self.ctx.send(saved))
+        self.write(where, self.optimizer.state_dict(), [rng_state(self.device)] * self.world,
+                   [self.scaler.state_dict()] * self.world if self.scaler else None, None, salvaged=True)
         self.saver.wait()
 
     def heal(self, where: Where | None, phases: dict, queued: int | None = None,

@@ -95,6 +95,16 @@ def workers_of(process: subprocess.Popen) -> list[int]:
     return harness_children_below(process.pid)
 
 
+def killed_at(tmp_path: Path, flags: list[str], step: int, rank: int = 1) -> tuple[int, str, list[int], str]:
+    """Train.py with ``flags``, its worker ``rank`` SIGKILLed once rank 0 has logged update ``step`` or later;
+    returns ``finish``'s (exit status, stderr, processes left below it, stdout)."""
+    process = start_train(tmp_path, *flags)
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "step" and r["step"] >= step
+                                                           for r in records))
+    os.kill(workers_of(process)[rank], signal.SIGKILL)
+    return finish(process, tmp_path)
+
+
 def left_in_tmp(tmp_path: Path) -> list[str]:
     """What the run left in its TMPDIR, but torch's own compile cache (torchinductor_<user>), which
     torch makes on purpose to outlive runs, as it would in ~/.cache."""
