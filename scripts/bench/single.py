@@ -129,15 +129,15 @@ def time_plain(step: Callable[[], None], steps: int, profile: Path | None) -> di
 
 
 def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, profile: Path | None = None,
-                gpus: int = 1) -> dict:
+                gpus: int = 1, images: int = 2048) -> dict:
     """Train.py as a user runs it, on ``gpus`` GPUs: step time from the first update's end to the last's
     (start-up and compilation left out), peak memory from rank 0's worker, the first step from the
-    parent's start."""
+    parent's start. ResNet-50 trains on ``images`` synthetic images, which Train.py keeps on the GPU."""
     flags = ["--gpus", ",".join(map(str, range(gpus))), "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else []),
              *(["--profile", str(profile)] if profile else [])]
     if model == "resnet50":
         flags += ["--model", "resnet50", "--dataset", "synthetic", "--dataset-options",
-                  '{"shape": [3, 224, 224], "num_classes": 1000, "size": 2048}', "--val-fraction", "0",
+                  json.dumps({"shape": [3, 224, 224], "num_classes": 1000, "size": images}), "--val-fraction", "0",
                   "--batch-size", "128", "--amp", "bf16", "--lr", "0.1"]
     elif model == "gpt-hf":
         flags += ["--model", "hf-causal-lm", "--model-options", '{"model_type": "gpt2"}', "--dataset",
@@ -252,7 +252,8 @@ def run_row(model: str, variant: str, args: argparse.Namespace, tokens: Path) ->
     elif variant == "nanogpt":
         measured = nanogpt_row(steps, Path(args.nanogpt).resolve(), tokens)
     else:
-        measured = harness_row(model, variant, steps, args.out, tokens, profile)
+        measured = harness_row(model, variant, steps, args.out, tokens, profile, images=args.images)
+        measured.update({"images": args.images} if model == "resnet50" else {})
     if profile and (profile / "profile.json").exists():
         measured["profile"] = json.loads((profile / "profile.json").read_text())
     return {"model": model, "variant": variant, **measured,
@@ -282,6 +283,10 @@ def main() -> None:
     p.add_argument("--steps", type=json.loads,
                    default={"resnet50": 300, "gpt-nanogpt": 40, "gpt-builtin": 40, "gpt-hf": 40},
                    help="timed updates per model, as JSON")
+    p.add_argument("--images", type=int, default=2048,
+                   help="synthetic images Train.py's ResNet-50 rows train on, kept on the GPU (the plain loops "
+                        "train on one batch of 128): 2048 (1.2 GB) or, for a memory figure on the plain loops' "
+                        "footing, a batch or two")
     p.add_argument("--profile", action="store_true",
                    help="also record 5 steps of each row with torch.profiler (Train.py --profile; the same summary "
                         "for plain loops) into OUT/profiles/MODEL-VARIANT, and add its summary to the row")
