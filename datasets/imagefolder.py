@@ -12,9 +12,7 @@ JPEGs are decoded by libjpeg-turbo through simplejpeg where it is installed (its
 upsampling), else by Pillow; both scale by 1/2, 1/4 or 1/8 *while* decoding (simplejpeg's
 ``min_width``, Pillow's ``draft``), so a crop that ends up 224 pixels wide is decoded at the
 smallest scale that still gives at least 224 pixels, instead of decoding the full image and
-throwing most of it away. Other formats go through Pillow. With ``decoder="nvjpeg"`` the loader
-processes only read the files and the batch is decoded on the GPU (nvjpeg.py). Training
-samples get RandomResizedCrop (scale 0.08-1, aspect 3/4-4/3, torchvision's algorithm) and a
+throwing most of it away. Other formats go through Pillow. Training samples get RandomResizedCrop (scale 0.08-1, aspect 3/4-4/3, torchvision's algorithm) and a
 horizontal flip; evaluation samples a resize of the short side to ``resize`` and a centre crop of
 ``crop``. Samples leave as uint8 CHW tensors (a quarter of float32's bytes through shared memory,
 pinned memory and PCIe); the device turns them into normalised floats (``DataInfo.mean/std``).
@@ -22,7 +20,6 @@ pinned memory and PCIe); the device turns them into normalised floats (``DataInf
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.util
 import io
 import math
@@ -34,13 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import nvjpeg
 from .split import DataError, DataInfo, SampleError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)      # ImageNet's, as torchvision's examples use
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
-DECODERS = ("nvjpeg", "simplejpeg", "pillow")
+DECODERS = ("simplejpeg", "pillow")
 CARVE_SALT = 0x5EED_0F_7A1        # the held-out part's own stream of the seed, apart from the epochs' orders
 
 
@@ -54,9 +50,6 @@ class ImageFolder(torch.utils.data.Dataset):
         self._names, self._offsets, self.labels = _scan(folder, classes)
         self._files = np.arange(len(self.labels))
         self.info = DataInfo("image", (3, crop, crop), len(classes), classes, MEAN, STD)
-        if decoder == "nvjpeg":     # samples stay encoded: the pipeline batches and decodes them on the device
-            self.collate = nvjpeg.collate
-            self.decode_batch = functools.partial(nvjpeg.decode_batch, crop=crop)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -76,8 +69,6 @@ class ImageFolder(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path = self.path(index)
         try:
-            if self.decoder == "nvjpeg":
-                return self._encoded(path), int(self.labels[index])
             pixels = self._decode(path)
         except (OSError, SyntaxError, ValueError) as error:   # the decoders' ways of saying "not an image"
             from PIL import UnidentifiedImageError            # its text shows a buffer's address: say it plainly
@@ -85,22 +76,6 @@ class ImageFolder(torch.utils.data.Dataset):
             raise SampleError(f"image {path} cannot be decoded ({why}); replace or delete the file",
                               f"cannot be decoded ({why})") from None
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))), int(self.labels[index])
-
-    def check(self, index: int = 0) -> None:
-        """The parent's look at sample ``index`` (the first that loads), decoded (with nvjpeg the loaders
-        only read it)."""
-        sample = self[index]
-        if self.decoder == "nvjpeg":
-            self.decode_batch(nvjpeg.collate([sample])[0], device=torch.device("cpu"))
-
-    def _encoded(self, path: Path) -> tuple[torch.Tensor, tuple[float, ...], bool, str]:
-        """The file's bytes, the box to crop and whether to flip: nvjpeg.decode_batch does the rest."""
-        from PIL import Image
-        data = path.read_bytes()
-        with Image.open(io.BytesIO(data)) as image:        # reads the header only
-            box = self._box(*image.size)
-        flip = self.train and random.random() < 0.5
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), box, flip, str(path)
 
     def _decode(self, path: Path) -> np.ndarray:
         from PIL import Image
@@ -194,13 +169,14 @@ def open_imagefolder(data_dir: str | None, seed: int = 0, val_fraction: float = 
                      resize: int = 256, decoder: str | None = None) -> tuple[ImageFolder, ImageFolder | None]:
     """(train, val) splits of ``data_dir``; val's classes must be among train's. Without val/, val is the
     ``val_fraction`` of train/ that ``carve`` holds out for ``seed`` (None for 0). ``decoder``:
-    "simplejpeg" (in the loader processes; the default where it is installed), "pillow", or "nvjpeg"
-    (on the GPU, needs torchvision; see nvjpeg.py); other formats always use Pillow."""
+    "simplejpeg" (the default where it is installed) or "pillow", in the loader processes; other formats
+    always use Pillow."""
     if decoder is None:
         decoder = default_decoder()
-    if decoder == "nvjpeg" and not importlib.util.find_spec("torchvision"):
-        raise DataError("imagefolder: decoder 'nvjpeg' needs torchvision (pip install torchvision), or pass "
-                        "--dataset-options '{\"decoder\": \"simplejpeg\"}'")
+    if decoder == "nvjpeg":
+        raise DataError("imagefolder: decoder 'nvjpeg' is no longer offered (decoding on the GPU trained slower than "
+                        "simplejpeg in the loader processes: docs/data.md); pass --dataset-options "
+                        "'{\"decoder\": \"simplejpeg\"}' or leave the decoder out")
     if decoder not in DECODERS:
         raise DataError(f"imagefolder: decoder {decoder!r} is not one of {', '.join(DECODERS)}")
     if decoder == "simplejpeg" and not importlib.util.find_spec("simplejpeg"):

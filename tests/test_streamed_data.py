@@ -51,8 +51,10 @@ def test_the_two_decoders_agree_and_other_formats_decode_too(images, tmp_path):
         assert png[2][0].shape == (3, 16, 16) and png.path(2).suffix == ".png"
     finally:
         (images / "val" / "c0" / "extra.png").unlink()
-    with pytest.raises(DataError, match="decoder 'turbo' is not one of nvjpeg, simplejpeg, pillow"):
+    with pytest.raises(DataError, match="decoder 'turbo' is not one of simplejpeg, pillow"):
         open_data("imagefolder", str(images), decoder="turbo")
+    with pytest.raises(DataError, match="decoder 'nvjpeg' is no longer offered .* simplejpeg"):
+        open_data("imagefolder", str(images), decoder="nvjpeg")
 
 
 def test_random_resized_crop_boxes_stay_inside_and_in_range():
@@ -164,44 +166,6 @@ def test_reading_windows_does_not_pile_mapped_pages_onto_the_reader(tmp_path):
     for index in np.random.default_rng(1).integers(0, len(train), 3000):
         train[int(index)]
     assert worker_memory_mb() - before < 20
-
-
-def test_encoded_batches_decode_to_the_same_crops_as_the_cpu_decoders(images):
-    """The nvjpeg decoder's batches, decoded here through its CPU fallback (the GPU decode is a GPU test)."""
-    from harness.checkout.datasets.imagefolder import ImageFolder
-    pillow = open_data("imagefolder", str(images), decoder="pillow", **CROP)
-    encoded = ImageFolder(images / "val", pillow.info.class_names, False, 16, 20, "nvjpeg")
-    batch, labels = encoded.collate([encoded[i] for i in range(len(encoded))])
-    assert labels.tolist() == [pillow.val[i][1] for i in range(len(encoded))]
-    decoded = encoded.decode_batch(batch, device=torch.device("cpu"))
-    expected = torch.stack([pillow.val[i][0] for i in range(len(encoded))])
-    assert decoded.dtype == torch.uint8 and decoded.shape == expected.shape
-    assert (decoded.float() - expected.float()).abs().mean() < 4
-    train = Seeded(ImageFolder(images / "train", pillow.info.class_names, True, 16, 20, "nvjpeg"))
-    ((data, box, flip, path), _), _ = train[(3, 7)]
-    assert train[(3, 7)][0][0][1:3] == (box, flip) and path.endswith("c0/003.jpg") and len(data) > 100
-    bad = batch._replace(data=[*batch.data[:-1], torch.frombuffer(bytearray(b"\xff\xd8 no"), dtype=torch.uint8)],
-                         paths=[*batch.paths[:-1], "broken.jpg"])
-    with pytest.raises(DataError, match="image broken.jpg cannot be decoded"):
-        encoded.decode_batch(bad, device=torch.device("cpu"))
-
-
-def test_batched_crops_equal_per_image_resizes_with_flips_and_unequal_sizes():
-    from harness.checkout.datasets.nvjpeg import crop_all
-    generator = torch.Generator().manual_seed(0)
-    ramp = torch.linspace(0, 255, 120)
-    smooth = (ramp[None, :, None] * 0.5 + ramp[None, None, :100] * 0.5).expand(3, 120, 100)
-    images = [(smooth + 20 * torch.rand(3, 120, 100, generator=generator)).clamp(0, 255).to(torch.uint8),
-              smooth[:, :90, :70].clone().to(torch.uint8)]
-    boxes = torch.tensor([[10.0, 20.0, 60.0, 80.0], [0.0, 0.0, 70.0, 90.0]], dtype=torch.float64)
-    flips = torch.tensor([True, False])
-    got = crop_all(images, boxes, flips, 24).float()
-    for i, (image, (left, top, width, height)) in enumerate(zip(images, boxes.long().tolist())):
-        region = image[None, :, top:top + height, left:left + width].float()
-        expected = torch.nn.functional.interpolate(region, size=(24, 24), mode="bilinear", antialias=True)[0]
-        expected = expected.flip(-1) if flips[i] else expected
-        assert (got[i] - expected).abs().mean() < 2.5, i
-    assert not torch.equal(got[0], got[0].flip(-1))
 
 
 def test_uint8_token_ids_stay_ids_on_the_way_to_the_device():

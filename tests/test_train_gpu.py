@@ -90,17 +90,6 @@ def test_dict_batches_into_a_model_with_its_own_loss_are_graphed_and_train_as_ea
     assert (eager - graphed).norm() <= 2e-2 * eager.norm(), (eager - graphed).abs().max()
 
 
-def test_nvjpeg_batches_train_under_the_default_graph(tmp_path, capfd):
-    if not has_gpus(1):
-        pytest.skip("needs a CUDA GPU")
-    from tests.helpers.data_files import make_image_folder
-    folder = make_image_folder(tmp_path / "d", per_class=16)
-    results, _ = run_train(tmp_path, "--gpus", "0", "--dataset", "imagefolder", "--data-dir", str(folder),
-                           "--dataset-options", '{"crop": 16, "resize": 20, "decoder": "nvjpeg"}', "--model", "cnn",
-                           "--batch-size", "4", "--epochs", "2", "--data-workers", "2")
-    assert results[0]["step"] == 2 * (48 // 4) and "running eagerly" not in capfd.readouterr().out
-
-
 @pytest.mark.parametrize("flags", [["--zero", "1"], ["--zero", "2"], ["--zero", "2", "--compile", "--amp", "fp16"]])
 def test_sharded_steps_are_graphed_and_train_as_replicated_eager_ones(tmp_path, capfd, flags):
     """--zero's reduce-scatter, sharded update and all-gather inside the whole-step CUDA graph (NCCL in a

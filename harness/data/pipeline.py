@@ -188,18 +188,15 @@ def _end_with(trainer: int, worker_id: int) -> None:
 def to_device(batches: Iterable[Any], device: torch.device, dataset: Any) -> Iterator[Batch]:
     """Batches on ``device``, as floats where they came as uint8 images. On a GPU the copy (and the
     conversion) of the next batch is issued on a side stream before the current one is handed out,
-    so it overlaps the step; the step's stream waits only for its own batch's event. A dataset whose
-    batches are not tensors (still-encoded JPEGs) turns them into tensors with ``decode_batch``. An
-    (x, y) pair's x is decoded and scaled; any other batch (a dict, a tuple: harness/data/batch.py)
-    has each of its tensors moved as it is."""
+    so it overlaps the step; the step's stream waits only for its own batch's event. An (x, y) pair's x
+    is scaled; any other batch (a dict, a tuple: harness/data/batch.py) has each of its tensors moved as
+    it is."""
     scale = _normalizer(dataset.info, device)
-    decode = getattr(dataset, "decode_batch", None)
 
     def move(batch: Any) -> Any:
         if not is_pair(batch):
             return tree_map(lambda t: t.to(device, non_blocking=True), batch)
-        x = decode(batch[0], device=device) if decode else batch[0].to(device, non_blocking=True)
-        return scale(x), batch[1].to(device, non_blocking=True)
+        return scale(batch[0].to(device, non_blocking=True)), batch[1].to(device, non_blocking=True)
 
     if device.type != "cuda":
         yield from map(move, batches)

@@ -231,8 +231,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/data"), help="results folder")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="'resident' runs both models' GPU-resident ceilings")
-    parser.add_argument("--decoders", nargs="+", choices=("default", "nvjpeg", "simplejpeg", "pillow"),
-                        default=["default", "nvjpeg", "simplejpeg", "pillow"], help="a jpeg row for each")
+    parser.add_argument("--decoders", nargs="+", choices=("default", "simplejpeg", "pillow"),
+                        default=["default", "simplejpeg", "pillow"], help="a jpeg row for each")
     parser.add_argument("--images", type=int, default=50_000, help="JPEGs in the training folder")
     parser.add_argument("--train-gb", type=float, default=5.0, help="size of the large train.bin")
     parser.add_argument("--resnet-steps", type=int, default=150)

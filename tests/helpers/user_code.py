@@ -25,8 +25,8 @@ def hf_tokens(split: str, data_dir: str | None, count: int = 256):
     return table
 
 
-class Windows(torch.utils.data.Dataset):
-    """{"input_ids", "labels"} samples of one length, without a collate_fn: batches a CUDA graph can replay."""
+class _Rows(torch.utils.data.Dataset):
+    """128 training or 32 validation token rows of LENGTH, for the datasets below to cut samples from."""
 
     num_classes = VOCAB
 
@@ -35,6 +35,10 @@ class Windows(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+class Windows(_Rows):
+    """{"input_ids", "labels"} samples of one length, without a collate_fn: batches a CUDA graph can replay."""
 
     def __getitem__(self, i: int) -> dict:
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
@@ -44,16 +48,8 @@ def windows(split: str, data_dir: str | None) -> Windows:
     return Windows(split)
 
 
-class DictTokens(torch.utils.data.Dataset):
+class DictTokens(_Rows):
     """{"tokens", "targets"} samples of variable length, padded by its collate_fn."""
-
-    num_classes = VOCAB
-
-    def __init__(self, split: str):
-        self.rows = _sequences(split, 128 if split == "train" else 32)
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
     def __getitem__(self, i: int) -> dict:
         cut = LENGTH - i % 4             # lengths 13..16
