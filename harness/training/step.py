@@ -208,8 +208,8 @@ class GraphedTrainStep(TrainStep):
     def capture(self) -> None:
         """Record one step. Nothing runs while recording, collectives included, so a rank whose
         capture fails has not fallen out of step with the others. Thread-local capture: only this
-        thread's CUDA calls must be capturable, not those that other threads of the process (nvJPEG's
-        decoder for the next batch) make meanwhile."""
+        thread's CUDA calls must be capturable, not those that other threads of the process (the
+        loaders' pin-memory thread) make meanwhile."""
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.loss = super().run(self.batch)
 

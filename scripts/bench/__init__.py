@@ -14,7 +14,7 @@ results worth keeping go to bench/results/DATE-DEVICE-WHAT/ with a README.md giv
     control           control plane: join/yield latency and array throughput against multiprocessing
     hosts             time to first step across hosts (network namespaces, ssh) against torchrun (root)
     data              the input pipelines against a GPU-resident ceiling and torchrun's DataLoader (GPUs)
-    decode            images/s per JPEG decoder and stage (one CPU core; nvJPEG on a GPU)
+    decode            images/s per JPEG decoder on one CPU core (a loader process's share)
     single            one GPU: the step against plain loops with torch.compile, nanoGPT's train.py, HF's Trainer
     multi             several GPUs: the step against torchrun + DDP with torch.compile and nanoGPT under torchrun
     zero              --zero 0, 1 and 2: memory per worker and step time (CPU workers, or GPUs; with --peers
