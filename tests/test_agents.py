@@ -352,6 +352,8 @@ def test_mpirun_over_ssh_one_process_a_node_trains_as_ssh_does(hosts, over_ssh, 
     done = mpirun(hosts, tmp_path, *FLAGS, "--save", str(tmp_path / "mpi.pt"), "--log-dir", str(tmp_path / "logs"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "started by mpi: node 0 of 2, restart 0" in done.stdout and "started by mpi: node 1 of 2" in done.stdout
+    # Open MPI binds each of the two processes to a core; each node's Train.py takes its node's CPUs back
+    assert done.stdout.count("it runs this node's workers, so it takes all") == 2, done.stdout[-3000:]
     assert torch.equal(flat_params(tmp_path / "mpi.pt"), over_ssh)
     assert children_on(hosts) == []
 

@@ -54,6 +54,24 @@ def test_more_than_one_process_per_node_or_a_node_outside_the_job_is_refused_wit
     check_start(ClusterStart("slurm", 1, 2))        # node 1 of 2: node 0's agent (tests/test_agents.py)
 
 
+def test_a_process_mpi_bound_to_one_core_takes_every_cpu_and_says_so_and_other_engines_keep_theirs():
+    """In a process of its own (affinity is per process): bound to CPU 0 as Open MPI binds by default."""
+    assert (os.cpu_count() or 1) >= 2, "needs a machine with two CPUs to bind to one"
+    code = ("import os\n"
+            "from harness.launch.cluster import ClusterStart, unbind_from_mpi\n"
+            "os.sched_setaffinity(0, {0})\n"
+            "print(unbind_from_mpi(ClusterStart('torchrun', 0, 2)), sorted(os.sched_getaffinity(0)))\n"
+            "print(unbind_from_mpi(ClusterStart('mpi', 0, 2)), sorted(os.sched_getaffinity(0)))\n"
+            "print(unbind_from_mpi(ClusterStart('mpi', 0, 2)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    kept, taken, again = done.stdout.splitlines()
+    assert kept == "None [0]", done.stderr
+    every = list(range(os.cpu_count()))
+    assert taken == (f"mpi bound this process to CPU 0; it runs this node's workers, so it takes all {len(every)} "
+                     f"(mpirun --bind-to none says so itself) {every}")
+    assert again == "None"
+
+
 def test_a_restarted_job_resumes_from_the_checkpoint_it_was_writing(tmp_path, monkeypatch):
     save = tmp_path / "model.pt"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

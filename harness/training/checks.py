@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.launch.cluster import ClusterStart, check_start, detect
+from harness.launch.cluster import ClusterStart, check_start, detect, unbind_from_mpi
 from harness.launch.launchers import Launcher, make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
 from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig
@@ -116,6 +116,9 @@ def cluster_start(config: TrainConfig) -> ClusterStart | None:
         check_start(start)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    unbound = unbind_from_mpi(start)
+    if unbound:
+        print(unbound, flush=True)
     if start and start.nodes > 1 and (config.launcher != "local" or config.hosts or config.hostfile):
         raise ConfigError(f"--launcher {config.launcher}: {start.engine} started Train.py on each of its {start.nodes} "
                           "nodes, and each starts its node's workers; drop --launcher, --hosts and --hostfile")
