@@ -89,9 +89,13 @@ def timed(name: str, hosts: Hosts, folder: Path, slurm: dict) -> dict:
     launched = time.time()
     VARIANTS[name](hosts, folder, [*JOB, "--save", str(save), "--log-dir", str(logs)], slurm)
     records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
-    parent = next(r for r in records if r["event"] == "startup")["parent"]
+    startup = next(r for r in records if r["event"] == "startup")
+    parent = startup["parent"]
     return {"variant": name, "first_step_s": parent["first_step"] - parent["process"],
-            "from_launch_s": parent["first_step"] - launched, "save": save}
+            "from_launch_s": parent["first_step"] - launched, "save": save,
+            "marks_s": {"parent": {k: round(v - parent["process"], 3) for k, v in parent.items()},
+                        "workers": [{k: round(v - parent["process"], 3) for k, v in w.items()}
+                                    for w in startup["workers"]]}}
 
 
 def flat(path: Path):
