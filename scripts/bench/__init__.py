@@ -13,6 +13,7 @@ results worth keeping go to bench/results/DATE-DEVICE-WHAT/ with a README.md giv
     torchrun_restart  torchrun + DDP's restart after a SIGKILL, beside healing in place (GPUs)
     control           control plane: join/yield latency and array throughput against multiprocessing
     hosts             time to first step across hosts (network namespaces, ssh) against torchrun (root)
+    engines           Train.py started by torchrun, PyTorchJob pods, an srun step, mpirun against its ssh launch (root)
     data              the input pipelines against a GPU-resident ceiling and torchrun's DataLoader (GPUs)
     decode            images/s per JPEG decoder on one CPU core (a loader process's share)
     single            one GPU: the step against plain loops with torch.compile, nanoGPT's train.py, HF's Trainer
