@@ -161,9 +161,10 @@ def check_start(start: ClusterStart | None) -> None:
 def unbind_from_mpi(start: ClusterStart | None) -> str | None:
     """Open MPI binds each process it starts to a core by default (to a socket past two processes a node),
     which suits an MPI rank, but a node's Train.py starts all of that node's workers and their data loaders,
-    and bound, they would share that core (measured: the first update 1.8x later than over ssh on two
-    2-core hosts). Under MPI this process takes every CPU the node lets it have (a cpuset or a cgroup still
-    limits it) before it starts anything; returns the line saying so, or None where nothing changed."""
+    and bound, they would share that core (measured: the first update 1.76x later than over ssh on the
+    tests' namespaced hosts). Under MPI the calling thread, Train.py's main one, whose children inherit its
+    mask, takes every CPU the node lets it have (a cpuset or a cgroup still limits it) before anything is
+    started; returns the line saying so, or None where nothing changed."""
     if start is None or start.engine != "mpi" or not hasattr(os, "sched_setaffinity"):
         return None
     bound = os.sched_getaffinity(0)

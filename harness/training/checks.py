@@ -110,7 +110,8 @@ def plan_workers(config: TrainConfig, launcher: Launcher | None = None) -> tuple
 
 def cluster_start(config: TrainConfig) -> ClusterStart | None:
     """What the engine that started this process said (harness/launch/cluster.py), checked: one process
-    per node, and on several nodes no launcher of our own (the engine started each node's process)."""
+    per node, and on several nodes no launcher of our own (the engine started each node's process). Under
+    MPI this process first takes back the CPUs mpirun's binding took from it (``unbind_from_mpi``)."""
     try:
         start = detect(os.environ, config.cluster)
         check_start(start)
