@@ -43,9 +43,11 @@ def slow_straight(tmp_path_factory):
     return shared / "straight.pt"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests on the namespaced hosts (their sshd, Slurm daemons, torchrun and mpirun) run one after
-    another on one xdist worker (--dist loadgroup)."""
+    another on one xdist worker (--dist loadgroup). First among the hooks: xdist's own, in each worker, turns
+    the marker into the group it schedules by, and a marker added after it would group nothing."""
     for item in items:
         if "hosts" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("netns_hosts"))
