@@ -1,8 +1,7 @@
-"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs in one process
-by default; ``-n 2 --dist loadgroup`` runs it on two pytest-xdist workers in about 0.7 of the time, with what
-must not run at once grouped below. Not the default: of four such fresh-clone runs one failed (torchrun's
-rendezvous closed in the agent-restart test, which the load shifts), and on three workers under other
-suites' load the shared-memory group and heal tests failed."""
+"""Fixtures shared by the test modules; their helpers live in tests/helpers/. The suite runs on two
+pytest-xdist workers by default (``-n 2 --dist loadgroup`` in pyproject.toml: about 0.75 of the time in one
+process, which ``-n 0`` gives), with what must not run at once grouped below. Three workers are too many
+for a 2-core machine: under load there the shared-memory group and heal tests failed."""
 import fcntl
 import os
 
