@@ -120,6 +120,7 @@ def main() -> None:
     if reason:
         sys.exit(f"scripts.bench.engines: cannot make the namespaced hosts and their Slurm cluster here: {reason}")
     rows: list[dict] = []
+    reference = None        # the parameters of the first run, ssh's (the first of VARIANTS)
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         hosts = Hosts(Path(tmp))
         try:
@@ -127,16 +128,15 @@ def main() -> None:
             for repeat in range(args.repeats):
                 for name in VARIANTS:
                     row = timed(name, hosts, Path(tmp) / f"{name}-{repeat}", slurm)
-                    reference = next(r for r in rows + [row] if r["variant"] == "ssh")["save"]
-                    row["equals_ssh"] = bool((flat(row["save"]) == flat(reference)).all())
+                    params = flat(row.pop("save"))
+                    reference = params if reference is None else reference
+                    row["equals_ssh"] = bool((params == reference).all())
                     rows.append(row)
                     print(f"run {repeat + 1}/{args.repeats} {name}: first step {row['first_step_s']:.2f} s after "
                           f"Train.py started, {row['from_launch_s']:.2f} s after the launch; equals ssh's: "
                           f"{row['equals_ssh']}", flush=True)
         finally:
             hosts.close()
-    for row in rows:
-        del row["save"]
     result = summary(rows)
     for name, m in result.items():
         print(f"{name:9s} first step {m['first_step_s']:.2f} s ({m['first_step_s_vs_ssh']:.2f}x ssh's), from launch "
