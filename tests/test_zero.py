@@ -2,12 +2,15 @@
 1/N of the state, and write checkpoints that any number of workers with any --zero resumes."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import Test
 from harness.collectives.flat import FlatParameters
-from harness.collectives.shards import ShardLayout
+from harness.collectives.async_worker import Solo
+from harness.collectives.shards import ShardedGradients, ShardLayout
 from harness.resilience.checkpoint import load_checkpoint
 from harness.resilience.heal import Where
 from harness.resilience.shard_heal import Progress, ShardHealRefused, agreed_place
@@ -86,6 +89,35 @@ def test_every_optimizer_updates_shards_as_it_updates_whole_parameters(name):
         whole.step()
     for param, ref in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(param, ref, rtol=0, atol=1e-6, msg=f"{name} ({default_impl(name)})")
+
+
+def test_stage_2_reduces_a_bucket_of_one_parameter_where_autograd_left_its_gradient():
+    """A parameter larger than a bucket is a bucket alone, reduce-scattered straight from its gradient: the
+    staging buffer is only as large as the largest bucket of several parameters, and two micro-batches still
+    accumulate exactly (a world of one: the reduce-scatter leaves the sum as it is)."""
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 40), torch.nn.ReLU(),
+                                   torch.nn.Linear(40, 64))
+    model, reference = make(), make()
+    flat = FlatParameters(model, flatten_grads=False)
+    layout = ShardLayout(flat, 1, 0, bucket_mb=4 * 1000 / 2**20)       # 1000 floats: the last weight is a bucket alone
+    sync = ShardedGradients(Solo(), flat, layout, stage=2)
+    assert [len(b.params) for b in layout.buckets] == [1, 1, 4] and layout.buckets[1].numel == 40 * 64
+    x, y = torch.randn(2, 4, 8), torch.randn(2, 4, 64)
+    sync.zero_grad()
+    for index in range(2):
+        with sync.no_sync() if index == 0 else contextlib.nullcontext():
+            torch.nn.functional.mse_loss(model(x[index]), y[index]).backward()
+        torch.nn.functional.mse_loss(reference(x[index]), y[index]).backward()
+    sync.after_backward()
+    assert [t.numel() for slot in sync.slots for t in slot.buffers.values()] == [layout.buckets[2].numel]
+    assert all(p.grad is None for p in model.parameters())
+    for bucket, grad in zip(layout.buckets, layout.grads):
+        for param, offset in zip(bucket.params, bucket.offsets):
+            (ref,) = [r for p, r in zip(model.parameters(), reference.parameters()) if p is param]
+            got = grad[offset - bucket.start:offset - bucket.start + param.numel()]
+            torch.testing.assert_close(got, ref.grad.reshape(-1), rtol=0, atol=1e-6)
 
 
 def test_a_sharded_checkpoint_resumes_on_other_workers_with_any_zero_and_test_py_reads_it(one_epoch, tmp_path,

@@ -41,6 +41,12 @@ class Solo(Communicator):
     def _broadcast(self, t: torch.Tensor, root: int) -> Work:
         return Work()
 
+    def _reduce_scatter(self, out: torch.Tensor, t: torch.Tensor, op: str) -> Work:
+        return self._all_reduce(t, out, op)
+
+    def _all_gather(self, out: torch.Tensor, t: torch.Tensor) -> Work:
+        return self._all_reduce(t, out, "sum")
+
     def _barrier(self) -> None:
         pass
 

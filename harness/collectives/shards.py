@@ -28,6 +28,13 @@ of the gradients is this rank's pieces plus one bucket of staging: a bucket is c
 previous bucket's reduce-scatter is done, which still overlaps that reduce-scatter with the backward of
 the next bucket, as DDP's buckets do. (Stage 1 stages only buckets whose length N does not divide, to pad
 them; the staging buffer is allocated at its first use.)
+
+A bucket of one parameter that N divides (a parameter larger than ``bucket_mb`` is a bucket of its own:
+a language model's embedding) is not staged in stage 2: autograd's gradient is already contiguous in the
+flat buffer's order, so it is reduce-scattered where it is and let go once that is done, at the next
+bucket's launch. The staging buffer is then the size of the largest other bucket: on GPT-2 (the tied
+embedding, 147 MiB, is the largest bucket by far) that is 147 MiB less held for the whole run, and one
+copy of the embedding's gradient less per micro-batch.
 """
 from __future__ import annotations
 
@@ -150,6 +157,7 @@ class _Pending:
             if self.work is not None:
                 self.work.wait()
             self.then()
+            self.work = self.then = None    # what they hold (a gradient reduced where it is) is let go
 
 
 @dataclass
@@ -201,6 +209,8 @@ class ShardedGradients(GradientAveraging):
         self._agreed = torch.zeros(1, device=layout.segments[0].params.device)
         largest: dict = {}
         for bucket in layout.buckets:
+            if self._unstaged(bucket):
+                continue
             key = (bucket.segment.params.device, bucket.segment.params.dtype)
             largest[key] = max(largest.get(key, 0), bucket.piece * bucket.size)
         self.slots = [_Slot(largest) for _ in range(STAGING)]
@@ -219,6 +229,7 @@ class ShardedGradients(GradientAveraging):
         self._launched = 0
         self._micro = 0         # micro-batches of this update already reduced (stage 2)
         self._open: list[_Pending] = []
+        self._direct: _Pending | None = None    # the reduce-scatter of a gradient where it is (stage 2)
 
     def zero_grad(self) -> None:
         if self.stage == 1:
@@ -256,8 +267,15 @@ class ShardedGradients(GradientAveraging):
         this rank's chunk of the input), except stage 2's first micro-batch, which goes straight into the
         piece; then a staged chunk is copied to the piece (stage 1, padded) or added to it (stage 2)."""
         bucket, piece, rank = self.layout.buckets[index], self.layout.grads[index], self.layout.rank
-        slot = self._slot() if self.stage == 2 or bucket.padded else None
-        source = self._stage(bucket, slot) if self.stage == 2 else self._padded(bucket, slot)
+        if self._direct is not None:        # its gradient let go before the next one is taken
+            self._direct.finish()
+            self._direct = None
+        unstaged = self._unstaged(bucket)
+        slot = self._slot() if (self.stage == 2 or bucket.padded) and not unstaged else None
+        if unstaged:
+            source = self._released(bucket.params[0])
+        else:
+            source = self._stage(bucket, slot) if self.stage == 2 else self._padded(bucket, slot)
         mine = source[rank * bucket.piece:(rank + 1) * bucket.piece]
         if self.stage == 2 and not self._micro:
             mine, then = piece, lambda: None
@@ -265,7 +283,29 @@ class ShardedGradients(GradientAveraging):
             then = lambda: piece.add_(mine)
         else:       # stage 1: ``mine`` is the piece itself, or its padded copy in the slot
             then = (lambda: piece.copy_(mine[:piece.numel()])) if slot is not None else (lambda: None)
-        self._keep(_Pending(self.comm.reduce_scatter(mine, source, op="avg", async_op=self.order.hooked), then), slot)
+        if unstaged:     # the closure holds the gradient until the reduce-scatter that reads it is done
+            then = (lambda add=then, source=source: add())
+        pending = _Pending(self.comm.reduce_scatter(mine, source, op="avg", async_op=self.order.hooked), then)
+        self._keep(pending, slot)
+        if unstaged:
+            self._direct = pending
+
+    def _unstaged(self, bucket: ShardBucket) -> bool:
+        """Stage 2 reduce-scatters this bucket straight from its one parameter's gradient (see the module's
+        docstring)."""
+        return self.stage == 2 and len(bucket.params) == 1 and not bucket.padded
+
+    @staticmethod
+    def _released(param: torch.nn.Parameter) -> torch.Tensor:
+        """``param``'s gradient as the flat buffer lays it out (1-D, in its memory order), taken off the
+        parameter: autograd's own tensor where its strides are the parameter's, else a copy; zeros where
+        backward gave it none."""
+        grad, param.grad = param.grad, None
+        if grad is None:
+            grad = torch.zeros_like(param)
+        elif grad.stride() != param.stride():
+            grad = torch.empty_like(param).copy_(grad)
+        return grad.as_strided((grad.numel(),), (1,), grad.storage_offset())
 
     def _padded(self, bucket: ShardBucket, slot: _Slot | None) -> torch.Tensor:
         """Stage 1: the bucket's view of the flat gradients, or a padded copy of it."""

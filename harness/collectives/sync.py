@@ -211,12 +211,16 @@ class LaunchOrder:
 def bucket_groups(segment_params: list[torch.nn.Parameter], itemsize: int,
                   bucket_mb: float) -> list[list[torch.nn.Parameter]]:
     """Consecutive runs of ``segment_params`` (one flat buffer's, in the order backward fills them) of
-    at least ``bucket_mb`` MiB each, the last one what remains."""
+    at least ``bucket_mb`` MiB each, the last one what remains; a parameter of ``bucket_mb`` or more is a
+    bucket of its own (--zero 2 reduces such a bucket where autograd left its gradient: harness/collectives/shards.py)."""
     if bucket_mb <= 0:
         raise ValueError(f"bucket_mb={bucket_mb}: must be positive")
     groups: list[list[torch.nn.Parameter]] = [[]]
     elements = 0
     for param in segment_params:
+        if groups[-1] and param.numel() * itemsize >= bucket_mb * 2**20:
+            groups.append([])
+            elements = 0
         groups[-1].append(param)
         elements += param.numel()
         if elements * itemsize >= bucket_mb * 2**20:
