@@ -32,9 +32,9 @@ them; the staging buffer is allocated at its first use.)
 A bucket of one parameter that N divides (a parameter larger than ``bucket_mb`` is a bucket of its own:
 a language model's embedding) is not staged in stage 2: autograd's gradient is already contiguous in the
 flat buffer's order, so it is reduce-scattered where it is and let go once that is done, at the next
-bucket's launch. The staging buffer is then the size of the largest other bucket: on GPT-2 (the tied
-embedding, 147 MiB, is the largest bucket by far) that is 147 MiB less held for the whole run, and one
-copy of the embedding's gradient less per micro-batch.
+bucket's launch or the next backward's start (``before_backward``). The staging buffer is then the size
+of the largest other bucket: on GPT-2, whose tied embedding (147 MiB) is the largest bucket by far, 120
+MiB less held for the whole run, and one copy of the embedding's gradient less per micro-batch.
 """
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ from .base import Communicator
 from .flat import FlatParameters, Segment, views
 from .sync import GradientAveraging, LaunchOrder, bucket_groups
 
-STAGING = 1         # staging buffers, each of the largest bucket: one bucket's collective in flight at a time
+STAGING = 1         # staging buffers, each of the largest staged bucket: one bucket's collective in flight at a time
+                    # (two were no faster: --zero 2 on GPT-2, 2 x H200, 171.9 against 172.0 ms; 2026-11-26-h200x2-zero-unstaged)
 
 
 @dataclass
@@ -251,7 +252,7 @@ class ShardedGradients(GradientAveraging):
 
     def _slot(self) -> _Slot:
         """The next staging slot, once the collective that used it last is done."""
-        slot = self.slots[self._launched % STAGING]
+        slot = self.slots[self._launched % len(self.slots)]
         self._launched += 1
         if slot.pending is not None:
             slot.pending.finish()
@@ -267,9 +268,7 @@ class ShardedGradients(GradientAveraging):
         this rank's chunk of the input), except stage 2's first micro-batch, which goes straight into the
         piece; then a staged chunk is copied to the piece (stage 1, padded) or added to it (stage 2)."""
         bucket, piece, rank = self.layout.buckets[index], self.layout.grads[index], self.layout.rank
-        if self._direct is not None:        # its gradient let go before the next one is taken
-            self._direct.finish()
-            self._direct = None
+        self.before_backward()
         unstaged = self._unstaged(bucket)
         slot = self._slot() if (self.stage == 2 or bucket.padded) and not unstaged else None
         if unstaged:
@@ -289,6 +288,16 @@ class ShardedGradients(GradientAveraging):
         self._keep(pending, slot)
         if unstaged:
             self._direct = pending
+
+    def before_backward(self) -> None:
+        """The gradient reduce-scattered where autograd left it is let go (once that is done) before backward
+        makes the next one, at a micro-batch's start or at the next bucket: then no more than one such gradient
+        is held at a time. At the start of backward, not at the next bucket: the next backward's first
+        operation (a language model's head) makes the next gradient of the same tied embedding, at the moment of
+        backward's largest activations."""
+        if self._direct is not None:
+            self._direct.finish()
+            self._direct = None
 
     def _unstaged(self, bucket: ShardBucket) -> bool:
         """Stage 2 reduce-scatters this bucket straight from its one parameter's gradient (see the module's

@@ -209,7 +209,10 @@ def train_command(*flags: str) -> list[str]:
 
 def run_train(flags: list[str], log_dir: Path, cwd: Path) -> list[dict]:
     """Run Train.py with ``flags`` and ``--log-dir log_dir`` in ``cwd``; its metrics records. Its output
-    goes to log_dir/train.log; a failed run raises with the end of its stderr."""
+    goes to log_dir/train.log; a failed run raises with the end of its stderr. A metrics.jsonl already in
+    ``log_dir`` (a benchmark run again into the same folder) is removed first: Train.py appends to it, and the
+    records read back would be the earlier run's."""
+    (log_dir / "metrics.jsonl").unlink(missing_ok=True)
     done = subprocess.run(train_command(*flags, "--log-dir", str(log_dir)), cwd=cwd, capture_output=True, text=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "train.log").write_text(done.stdout + done.stderr)
