@@ -108,7 +108,16 @@ class Context:
     def request(self, service: str, payload: Any) -> Any:
         """Ask the parent's ``service`` (registered with ``Children.serve``) and block until it answers; the
         service may hold the answer back (the parameter server does, to bound staleness)."""
+        self.ask(service, payload)
+        return self.answer()
+
+    def ask(self, service: str, payload: Any) -> None:
+        """``request``'s first half: send, and go on; ``answer()`` takes the reply. One request at a time:
+        the replies carry no name, so nothing else may be asked before this one's answer is taken."""
         self._server.post("request", (service, payload))
+
+    def answer(self) -> Any:
+        """The reply to the request ``ask`` sent, once it has come."""
         return self._server.take("reply")
 
     def unique_tag(self, prefix: str) -> str:

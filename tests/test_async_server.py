@@ -178,6 +178,33 @@ def test_what_a_worker_did_not_run_of_its_grant_goes_back_to_the_budget():
     assert grants.given == [20, 50] and grants.left == 30 and grants.rates[0] == 20.0
 
 
+def test_updates_set_aside_to_run_ahead_of_an_answer_are_part_of_the_next_grant_and_of_the_budget():
+    grants = Grants(24, 10, 2, proportional=True)
+    assert grants.share_out([0, 1], 0.0) == [10, 10]
+    assert (grants.reserve(0, 3), grants.reserve(1, 3), grants.left) == (3, 1, 0)   # only what the budget has left
+    assert grants.share_out([0, 1], 1.0) == [3, 1] and grants.reserved == [0, 0]
+    assert sum(grants.given) == 24
+
+
+def test_a_push_that_ran_ahead_is_answered_with_what_it_ran_when_the_budget_ends_then_parks_with_the_others():
+    """--outer-delay 2, K = 4, S = 1, a budget of 16 updates: every answer sets 2 updates aside for after the next
+    push; where the budget ends, a push whose worker ran ahead is granted just those, and its next push parks."""
+    server = ParameterServer(2, OuterOptimizer(), every=4, max_staleness=1, plan=Plan(16), hold=0, ahead=2)
+    joined = [a for rank in range(2) for a in server.join(rank, {"anchor": [torch.zeros(3)]} if rank == 0 else None)]
+    assert [(a["grant"], a["ahead"]) for _, a in joined] == [(4, 2), (4, 2)]
+    [(rank, first)] = server.push(0, 4, 4, delta(0.1), ahead=2)           # applied alone: 1 version ahead of 1
+    assert rank == 0 and (first["grant"], first["ahead"]) == (4, 2)       # its next 2 updates were set aside
+    [(rank, last)] = server.push(1, 4, 4, delta(0.1), ahead=2)            # the budget is all granted or set aside
+    assert rank == 1 and (last["grant"], last["ahead"], last["parked"]) == (2, 0, False)
+    assert server.push(1, 6, 2, delta(0.1)) == []                         # parked: it waits for worker 0
+    assert [(r, a["grant"], a["ahead"]) for r, a in server.push(0, 8, 4, delta(0.1), ahead=2)] == [(0, 2, 0)]
+    released = server.push(0, 10, 2, delta(0.1))
+    assert sorted((r, a["final"], a["grant"]) for r, a in released) == [(0, True, 0), (1, True, 0)]
+    assert server.grants.given == [10, 6] and server.applied == 16
+    with pytest.raises(RuntimeError, match="ran 2 updates ahead"):
+        server.push(0, 12, 2, delta(0.1), park=True, ahead=2)
+
+
 def served(speeds: tuple[float, ...], plan: Plan) -> tuple[ParameterServer, list[tuple[int, dict]]]:
     """Workers of ``speeds`` (updates a second) against a server at S = 1, K = 4, in virtual time: each pushes
     the updates it was granted that many seconds after its answer. Returns the server and every answer."""
@@ -275,6 +302,26 @@ def test_with_one_worker_slowed_the_fast_one_runs_more_of_the_exact_budget_and_s
     assert len(passed) > 2 and passed == sorted(set(passed)) and all(r["rank"] == 0 for r in validations[1:])
     assert validations[-1]["updates"] == 60 and validations[-1]["step"] == 30   # the end, by the fast worker
     assert [r["step"] for r in validations] == [r["updates"] // 2 for r in validations]
+
+
+def test_workers_that_train_on_under_their_push_spend_the_exact_budget_and_save_at_consistent_points(tmp_path):
+    """--outer-delay 2: each worker takes its push's answer 2 updates after the push, except where it parks (the
+    checkpoints every 10 updates' worth, the end): every update is pushed once and the checkpoint is the anchor."""
+    results, saved = run_train(tmp_path, "--mode", "async", "--max-staleness", "1", "--outer-delay", "2",
+                               *SERVED[:1], "4", *SERVED[2:], *SLOWED, "--max-steps", "30",
+                               "--save-every-steps", "10", name="ahead")
+    syncs = [r for r in read_metrics(tmp_path / "ahead" / "metrics.jsonl") if r["event"] == "outer_sync"]
+    ran = ran_by_rank(syncs)
+    assert sum(ran[0]) + sum(ran[1]) == 2 * 30 and sum(ran[0]) > sum(ran[1])
+    assert [r["step"] for r in results] == [sum(ran[0]), sum(ran[1])]
+    assert max(r["staleness"] for r in syncs) <= 1
+    assert {r["ahead"] for r in syncs} == {0, 2} and all(r["blocked_s"] >= 0 for r in syncs)
+    for rank in (0, 1):         # the updates run ahead of an answer are part of the push after it
+        mine = [r for r in syncs if r["rank"] == rank]
+        assert all(after["inner_updates"] >= before["ahead"] for before, after in zip(mine, mine[1:]))
+    assert len({r["checksum"] for r in results}) == 1          # parked at the end: every worker on the anchor
+    tested = cli("Test.py", "--checkpoint", str(saved), "--json")
+    assert tested.returncode == 0, tested.stderr
 
 
 def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_for_bit(tmp_path):

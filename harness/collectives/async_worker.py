@@ -11,10 +11,17 @@ inner updates this worker runs before its next push (its *grant*: in proportion 
 harness/collectives/grants.py; 0 once the run's budget is spent or the run stops), when it is to
 validate the anchor it was answered with (``validate``), and the consistent points of a checkpoint and of
 the run's end (every worker parked, everyone answered with the same anchor; ``save``).
+
+With --outer-delay D the answer says how many updates (``ahead``) the worker may run past its next push
+before it takes that push's answer: the push is sent (``ctx.ask``) and the worker trains on, keeping its
+parameters at the push; once it has run them (or sooner, where it must ask the server something else) it takes
+the answer (``ctx.answer``) and continues from the new anchor plus what it has moved since the push. A slow
+link's exchange then runs under the inner updates instead of stopping them. Parking pushes never run ahead.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable
 
 import torch
@@ -59,15 +66,18 @@ class Solo(Communicator):
 
 class AsyncSynchroniser(Synchroniser):
     """Push ``anchor - parameters`` after the updates the server granted, and continue from the anchor answered.
-    ``workers``: how many there are; ``request(payload)``: the server's answer (``ctx.request`` bound to
-    "server"); ``signal()``: the SIGINT/SIGTERM this worker received, if any; ``served``: a checkpoint's server
-    state, which rank 0 brings to the join (None: its initial parameters start the server)."""
+    ``workers``: how many there are; ``ctx``: the worker's context, whose ``request``, ``ask`` and ``answer``
+    reach the parent's "server"; ``signal()``: the SIGINT/SIGTERM this worker received, if any; ``served``: a
+    checkpoint's server state, which rank 0 brings to the join (None: its initial parameters start the server)."""
 
-    def __init__(self, flat: FlatParameters, rank: int, workers: int, request: Callable[[tuple], dict | None],
+    def __init__(self, flat: FlatParameters, rank: int, workers: int, ctx: Any,
                  signal: Callable[[], int | None], served: dict | None = None):
         super().__init__(Solo(), flat)
-        self.rank, self.workers, self.request, self.signal = rank, workers, request, signal
+        self.rank, self.workers, self.ctx, self.signal = rank, workers, ctx, signal
         self.served = served
+        self.ahead = 0                  # updates this worker may run past its next push before taking the answer
+        self.at_push: list[torch.Tensor] | None = None     # its parameters at a push whose answer it has not taken
+        self.waited = 0.0               # seconds it waited for the last answer it took late
         self.diverged = False           # this worker's loss was not finite (ServerVote): the server stops everyone
         self.anchor = [t.detach().clone() for t in flat.params]
         self.version, self.stop_why = 0, 0
@@ -88,9 +98,17 @@ class AsyncSynchroniser(Synchroniser):
         self._adopt(self.request(("join", state)))
         self._wait()
 
+    def request(self, payload: tuple) -> dict | None:
+        """The server's answer to ``payload``; a push whose answer is still out is answered first (one request
+        at a time)."""
+        self._collect()
+        return self.ctx.request("server", payload)
+
     def after_step(self, step: int) -> None:
         self.step = step
-        if self.grant and step - self.pushed_at >= self.grant:
+        if self.at_push is not None and step - self.pushed_at >= self.ahead:
+            self._collect()
+        if self.at_push is None and self.grant and step - self.pushed_at >= self.grant:     # its grant is known
             self._push(step, park=False)
 
     def over(self, step: int, total: int) -> bool:
@@ -109,6 +127,7 @@ class AsyncSynchroniser(Synchroniser):
     def finish(self) -> None:
         """A consistent point (before a checkpoint, at the end): park, unless this worker is at one already
         (it was answered by a release and has made no update since)."""
+        self._collect()
         if not (self.parked and self.step == self.pushed_at):
             self._push(self.step, park=True)
 
@@ -145,13 +164,36 @@ class AsyncSynchroniser(Synchroniser):
         return self.take("save")
 
     def _push(self, step: int, park: bool) -> None:
+        """Push the updates since the last push: the answer taken now, or (``ahead`` granted, not parking and
+        nothing to report) after ``ahead`` more updates, in ``after_step``."""
+        self._collect()
         nothing_new = step == self.pushed_at
         delta = None if nothing_new else [(a - p).float().cpu() for a, p in zip(self.anchor, self.flat.params)]
         why = -1 if self.diverged else self.signal() or 0
-        reply = self.request(("push", {"step": step, "updates": step - self.pushed_at, "delta": delta,
-                                       "park": park, "signal": why}))
-        self.pushed_at = step
+        ahead = self.ahead if not (park or nothing_new or why) else 0
+        body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
+                "ahead": ahead, "waited": self.waited}
+        self.pushed_at, self.waited = step, 0.0
+        if ahead:
+            self.ctx.ask("server", ("push", body))
+            self.at_push = [p.detach().clone() for p in self.flat.params]
+            return
+        self._adopt(self.ctx.request("server", ("push", body)))
+        self._wait()
+
+    def _collect(self) -> None:
+        """Take the answer to a push that ran ahead, if one is out: the parameters become the new anchor plus
+        what this worker has moved since the push."""
+        if self.at_push is None:
+            return
+        began = time.monotonic()
+        reply = self.ctx.answer()
+        self.waited = time.monotonic() - began
+        moved = [p - at for p, at in zip(self.flat.params, self.at_push)]
+        self.at_push = None
         self._adopt(reply)
+        for param, progress in zip(self.flat.params, moved):
+            param.add_(progress)
         self._wait()
 
     def _wait(self) -> None:
@@ -165,6 +207,7 @@ class AsyncSynchroniser(Synchroniser):
             anchor.copy_(served)
             param.copy_(anchor)
         self.version, self.stop_why, self.grant = reply["version"], reply["stop_why"], reply["grant"]
+        self.ahead = reply.get("ahead", 0)
         self.updates, self.parked, self.final = reply["updates"], reply["parked"], reply["final"]
         self.asked |= {what for what in ("validate", "save") if reply[what]}
         if "server" in reply:

@@ -42,6 +42,12 @@ worker's own updates, which differ from worker to worker:
   checkpoint is not made with fewer updates left than workers); where it cannot be (a resume with fewer
   left), a worker granted 0 parks until the final release, so that every worker saves at every release.
 
+With --outer-delay D (``ahead``) a worker does not wait for its push's answer: it trains on for D updates
+(set aside by the answer before: harness/collectives/grants.py), then takes the answer and continues from the
+new anchor plus the progress it made meanwhile, so the exchange runs under its updates, as streaming DiLoCo's
+does. Such a push is never parked (its worker is past it): where it would be (a checkpoint, the end, a stop),
+it is answered with a grant of just the updates it ran ahead, and the worker pushes again at once, parked.
+
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
 """
@@ -86,6 +92,8 @@ class Push:
     delta: list[torch.Tensor] | None
     park: bool
     arrived: float
+    ahead: int = 0          # the updates its worker runs before it takes the answer (--outer-delay)
+    waited: float = 0.0     # seconds its worker waited for the answer to its previous push, where that ran ahead
 
     @property
     def nbytes(self) -> int:
@@ -100,15 +108,18 @@ def passes(before: int, after: int, every: int) -> bool:
 class ParameterServer:
     """The rule of the module's docstring for ``workers`` workers; ``every`` is K; ``clock``: the seconds the
     grants measure speed in; ``hold``: HOLD (0: a push never waits for workers due back; tests of the
-    staleness rule alone). ``records`` collects one "outer_sync" record per applied push (and the workers'
-    validation records), for the run's metrics.jsonl."""
+    staleness rule alone); ``ahead``: --outer-delay (the updates a worker runs past a push before it takes the
+    answer). ``records`` collects one "outer_sync" record per applied push (and the workers' validation
+    records), for the run's metrics.jsonl."""
 
     def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int, plan: Plan,
-                 clock: Callable[[], float] = time.monotonic, hold: float = HOLD):
+                 clock: Callable[[], float] = time.monotonic, hold: float = HOLD, ahead: int = 0):
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness}: must be 0 or more (0 is synchronous DiLoCo)")
+        if not 0 <= ahead < every:
+            raise ValueError(f"ahead={ahead}: must be 0 or more and under K={every}")
         self.workers, self.outer, self.every, self.max_staleness = workers, outer, every, max_staleness
-        self.plan, self.clock, self.hold = plan, clock, hold
+        self.plan, self.clock, self.hold, self.ahead = plan, clock, hold, ahead
         self.grants = Grants(plan.budget, every, workers, proportional=max_staleness > 0)
         self.anchor: list[torch.Tensor] | None = None
         self.momentum: list[torch.Tensor] | None = None
@@ -147,10 +158,13 @@ class ParameterServer:
         return self._release()
 
     def push(self, rank: int, step: int, updates: int, delta: list[torch.Tensor] | None, park: bool = False,
-             signal: int = 0) -> list[Answer]:
+             signal: int = 0, ahead: int = 0, waited: float = 0.0) -> list[Answer]:
         """Worker ``rank``'s push after update ``step``, ``updates`` since its last (``signal``: the SIGINT/SIGTERM
-        it received, -1 if its loss was not finite, 0 if neither); returns the answers now due, to this worker
-        or to others that waited."""
+        it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``); returns
+        the answers now due, to this worker or to others that waited."""
+        if ahead and (park or delta is None or ahead != self.grants.reserved[rank]):
+            raise RuntimeError(f"worker {rank} ran {ahead} updates ahead of its push at update {step}, which was "
+                               f"{'parked' if park or delta is None else f'granted {self.grants.reserved[rank]}'}")
         if any(p.rank == rank for p in self.pending) or rank in self.parked:
             raise RuntimeError(f"worker {rank} pushed at update {step} while its previous push is unanswered")
         self.stop_why = self.stop_why or signal
@@ -160,7 +174,7 @@ class ParameterServer:
             self.grants.deliver(rank, 0)
             self.parked.add(rank)
         else:
-            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived))
+            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, waited))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -199,18 +213,26 @@ class ParameterServer:
         for push in batch:
             self.pending.remove(push)
             self._count(push)
+            waited = push.waited + (0.0 if push.ahead else now - push.arrived)     # its worker's own clock, or ours
             self.records.append({"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
-                                 "blocked_s": now - push.arrived, "bytes": push.nbytes,
+                                 "blocked_s": waited, "bytes": push.nbytes,
                                  "staleness": before - push.base, "version": self.version,
-                                 "inner_updates": push.updates})
+                                 "inner_updates": push.updates, "ahead": push.ahead})
             self.base[push.rank] = self.version
-        answered = []
+        answered, ahead, ending = [], {p.rank: p for p in batch if p.ahead}, []
         for push in batch:
-            if push.park or self.saving or self._finished():
-                self.parked.add(push.rank)
-            else:
+            if not (push.park or self.saving or self._finished()):
                 answered.append(push.rank)
-        return [(rank, self._reply(rank, grant)) for rank, grant in zip(answered, self._grants(answered, now))]
+            elif push.ahead:        # its worker is past it: granted what it ran ahead, it pushes again, parked
+                ending.append(push.rank)
+            else:
+                self.parked.add(push.rank)
+        answers = [(rank, self._reply(rank, grant)) for rank, grant in zip(answered, self._grants(answered, now))]
+        for rank in ending:
+            answers.append((rank, self._reply(rank, self.grants.settle(rank, now), reserve=False)))
+        for rank, push in ahead.items():            # its worker started this grant at its push, not at our answer
+            self.grants.since[rank] = push.arrived
+        return answers
 
     def _grants(self, ranks: list[int], now: float) -> list[int]:
         """The next grants of ``ranks``, answered now: nothing once the run stops; together where they are all
@@ -258,15 +280,17 @@ class ParameterServer:
             answers[0][1]["server"] = self.state()
         return answers
 
-    def _reply(self, rank: int, grant: int) -> dict[str, Any]:
-        """The anchor and version (a copy: the server goes on updating its own), the worker's next grant
-        and whether it is to validate that anchor."""
+    def _reply(self, rank: int, grant: int, reserve: bool = True) -> dict[str, Any]:
+        """The anchor and version (a copy: the server goes on updating its own), the worker's next grant,
+        whether it is to validate that anchor, and (``reserve``, --outer-delay) the updates it may run past its
+        next push before it takes that push's answer."""
         validate = self.validator == rank
         if validate:
             self.validator = None
+        ahead = self.grants.reserve(rank, self.ahead) if reserve and grant and not self._finished() else 0
         return {"anchor": [t.clone() for t in self.anchor], "version": self.version, "grant": grant,
                 "updates": self.applied, "validate": validate, "stop_why": self.stop_why, "parked": False,
-                "save": False, "final": False}
+                "save": False, "final": False, "ahead": ahead}
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a

@@ -78,7 +78,8 @@ def make_server(config: TrainConfig, steps_per_epoch: int) -> ParameterServer:
     total = config.total_updates(steps_per_epoch)
     save_every = tuple(n * every for every in (config.save_every * steps_per_epoch, config.save_every_steps) if every)
     plan = Plan(n * total, n * (config.validate_every or steps_per_epoch), save_every, saves=bool(config.save))
-    return ParameterServer(n, outer_optimizer(config), config.avg_every, config.max_staleness, plan)
+    return ParameterServer(n, outer_optimizer(config), config.avg_every, config.max_staleness, plan,
+                           ahead=config.outer_delay)
 
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
@@ -92,7 +93,7 @@ def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
     ``replica``: --zero's copy of the previous rank's shard, when the group heals in place; ``ctx`` and
     ``served`` (a checkpoint's server state): --mode async's worker, which talks to the parent's server."""
     if config.mode == "async":
-        return AsyncSynchroniser(flat, ctx.rank, ctx.world_size, lambda payload: ctx.request("server", payload),
+        return AsyncSynchroniser(flat, ctx.rank, ctx.world_size, ctx,
                                  lambda: ctx.interrupted, served)
     if shards is not None:
         return ShardedGradients(comm, flat, shards, config.zero, replica)

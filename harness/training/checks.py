@@ -309,7 +309,7 @@ def check_async(config: TrainConfig, gpus: list[int]) -> None:
             raise ConfigError(f"--max-staleness {config.max_staleness} bounds --mode async's server; add --mode async "
                               "or drop it")
         return
-    clash = ("--fragments" if config.fragments > 1 else "--outer-delay" if config.outer_delay else
+    clash = ("--fragments" if config.fragments > 1 else
              f"--outer-dtype {config.outer_dtype}" if config.outer_dtype != "fp32" else
              "--avg-optimizer-state" if config.avg_optimizer_state else
              "--patience" if config.patience else "--target-error" if config.target_error is not None else
