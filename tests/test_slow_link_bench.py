@@ -58,6 +58,7 @@ def test_parameter_averaging_validates_at_its_syncs_only_and_the_variants_differ
     assert validation_interval("diloco", 10, 50) == 10
     assert variant_flags("diloco-bf16", 50)[-2:] == ["--outer-dtype", "bf16"]
     assert variant_flags("async", 50)[:4] == ["--mode", "async", "--max-staleness", "1"]
+    assert variant_flags("async", 50, 10)[-2:] == ["--outer-delay", "10"] and "--outer-delay" not in variant_flags("async", 50)
     assert "--avg-every" in variant_flags("streaming", 50) and "--fragments" in variant_flags("streaming", 50)
 
 

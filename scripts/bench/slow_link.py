@@ -51,9 +51,10 @@ KILL_GRACE_S = 10                    # a Train.py we stop gets this long after S
 VARIANT_NAMES = ("grad", "param-average", "diloco", "diloco-bf16", "streaming", "async")
 
 
-def variant_flags(name: str, k: int) -> list[str]:
+def variant_flags(name: str, k: int, async_delay: int = 0) -> list[str]:
     """The synchronisation flags of a variant: K inner updates between syncs, DiLoCo's outer Nesterov
-    (lr 0.7, momentum 0.9) as the paper sets it."""
+    (lr 0.7, momentum 0.9) as the paper sets it; async's workers take a push's answer ``async_delay``
+    updates after it (--outer-delay)."""
     diloco = ["--mode", "param", "--avg-every", str(k), "--outer-optimizer", "nesterov", "--outer-lr", "0.7",
               "--outer-momentum", "0.9"]
     return {
@@ -62,7 +63,8 @@ def variant_flags(name: str, k: int) -> list[str]:
         "diloco": diloco,
         "diloco-bf16": [*diloco, "--outer-dtype", "bf16"],
         "streaming": [*diloco, "--fragments", "4", "--outer-delay", "5"],
-        "async": ["--mode", "async", "--max-staleness", "1", *diloco[2:]],
+        "async": ["--mode", "async", "--max-staleness", "1", *diloco[2:],
+                  *(["--outer-delay", str(async_delay)] if async_delay else [])],
     }[name]
 
 
@@ -350,7 +352,7 @@ def run_row(bed: Testbed, variant: str, throttled: bool, flags: list[str], args:
         subprocess.run(["rm", "-rf", str(log_dir)], check=True)
     log_dir.mkdir(parents=True)
     every = validation_interval(variant, args.validate_every, args.avg_every)
-    command = train_command(*flags, *variant_flags(variant, args.avg_every), "--validate-every", str(every),
+    command = train_command(*flags, *variant_flags(variant, args.avg_every, args.async_delay), "--validate-every", str(every),
                             "--log-dir", str(log_dir))
     row = {"variant": variant, "link_mbit": args.link_mbit, "throttled": throttled, "samples": samples,
            "validate_every": every, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -405,6 +407,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=64, help="tokens per sample (default 64)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate, every row (default 1e-3)")
     p.add_argument("--avg-every", type=int, default=50, help="K, inner updates between syncs (default 50)")
+    p.add_argument("--async-delay", type=int, default=10,
+                   help="async: a worker takes its push's answer this many updates after the push (--outer-delay; "
+                        "default 10, 0: it waits at the push)")
     p.add_argument("--validate-every", type=int, default=10, help="updates between validations (default 10)")
     p.add_argument("--val-windows", type=int, default=256, help="validation samples (default 256)")
     p.add_argument("--data-commit", default="HEAD",
@@ -443,7 +448,8 @@ def main() -> None:
                  f"{args.batch_size} samples; make it a multiple of {rounds} updates (--avg-every and "
                  "--validate-every), so that every row ends on a sync and validates its last update")
     settings = {key: getattr(args, key) for key in ("hosts", "link_mbit", "delay_ms", "throttle_cores", "batch_size",
-                                                    "block_size", "lr", "avg_every", "validate_every", "val_windows")}
+                                                    "block_size", "lr", "avg_every", "validate_every", "val_windows",
+                                                    "async_delay")}
     commit = git("rev-parse", "--verify", f"{args.data_commit}^{{commit}}").decode().strip()
     settings.update(samples=samples, steps=steps, model="gpt tiny", optimizer="adamw", data_commit=commit)
     path = args.out / RESULT
