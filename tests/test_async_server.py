@@ -184,6 +184,9 @@ def test_updates_set_aside_to_run_ahead_of_an_answer_are_part_of_the_next_grant_
     assert (grants.reserve(0, 3), grants.reserve(1, 3), grants.left) == (3, 1, 0)   # only what the budget has left
     assert grants.share_out([0, 1], 1.0) == [3, 1] and grants.reserved == [0, 0]
     assert sum(grants.given) == 24
+    grants.since[0] = 1.0
+    grants.measure(0, 3, 5.0, waited=2.5)        # it stood 2.5 s of those 4 waiting for an answer
+    assert grants.rates[0] == 2.0
 
 
 def test_a_push_that_ran_ahead_is_answered_with_what_it_ran_when_the_budget_ends_then_parks_with_the_others():

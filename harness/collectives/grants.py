@@ -28,7 +28,8 @@ worker's ``given`` is what it has run, the checkpoint's record of the budget.
 With --outer-delay D a worker does not wait for a push's answer: it runs up to D more updates first. Those
 are set aside (``reserve``) by the answer before, so the budget never pays for updates nobody granted; the
 next grant includes them (a worker's grants count its updates from push to push), and the rate is then
-measured from push to push (``since`` is the previous push's arrival, not the answer's).
+measured from push to push (``since`` is the previous push's arrival, not the answer's), less the time the worker
+waited for that answer (the push brings it: a fast worker that waited for a slow one is not slow).
 
 The same measurements tell the server when a worker is due back (``back_within``: the server lets a push
 wait for workers about to come back, so that their pushes are averaged rather than applied one by one,
@@ -75,9 +76,10 @@ class Grants:
         self.reserved[rank] = max(0, min(ahead, self.left))
         return self.reserved[rank]
 
-    def measure(self, rank: int, updates: int, arrived: float) -> None:
-        """Worker ``rank``'s push of ``updates`` updates arrived at ``arrived``: its rate."""
-        seconds = arrived - self.since[rank]
+    def measure(self, rank: int, updates: int, arrived: float, waited: float = 0.0) -> None:
+        """Worker ``rank``'s push of ``updates`` updates arrived at ``arrived``: its rate, not counting the
+        ``waited`` seconds it stood still since ``since`` (for a push's answer it took late, --outer-delay)."""
+        seconds = arrived - self.since[rank] - waited
         if updates and seconds > 0:
             self.rates[rank] = updates / seconds
 

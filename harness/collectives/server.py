@@ -169,7 +169,7 @@ class ParameterServer:
             raise RuntimeError(f"worker {rank} pushed at update {step} while its previous push is unanswered")
         self.stop_why = self.stop_why or signal
         arrived = self.clock()
-        self.grants.measure(rank, updates, arrived)
+        self.grants.measure(rank, updates, arrived, waited)
         if delta is None:
             self.grants.deliver(rank, 0)
             self.parked.add(rank)
