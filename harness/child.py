@@ -120,6 +120,10 @@ class Context:
         """The reply to the request ``ask`` sent, once it has come."""
         return self._server.take("reply")
 
+    def answered(self) -> bool:
+        """Whether the reply to the request ``ask`` sent has come (``answer`` then returns at once)."""
+        return self._server.arrived("reply")
+
     def unique_tag(self, prefix: str) -> str:
         """prefix-0, prefix-1, ... counted afresh in each exec, so every rank that calls this in the
         same order gets the same tag, even after an earlier exec failed half-way on some rank."""

@@ -14,9 +14,10 @@ the run's end (every worker parked, everyone answered with the same anchor; ``sa
 
 With --outer-delay D the answer says how many updates (``ahead``) the worker may run past its next push
 before it takes that push's answer: the push is sent (``ctx.ask``) and the worker trains on, keeping its
-parameters at the push; once it has run them (or sooner, where it must ask the server something else) it takes
-the answer (``ctx.answer``) and continues from the new anchor plus what it has moved since the push. A slow
-link's exchange then runs under the inner updates instead of stopping them. Parking pushes never run ahead.
+parameters at the push; as soon as the answer is there (``ctx.answered``), and at the latest once it has run
+those updates (or where it must ask the server something else), it takes the answer (``ctx.answer``) and
+continues from the new anchor plus what it has moved since the push. A slow link's exchange, or the wait for
+a slower worker, then runs under the inner updates instead of stopping them. Parking pushes never run ahead.
 """
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class AsyncSynchroniser(Synchroniser):
 
     def after_step(self, step: int) -> None:
         self.step = step
-        if self.at_push is not None and step - self.pushed_at >= self.ahead:
+        if self.at_push is not None and (step - self.pushed_at >= self.ahead or self.ctx.answered()):
             self._collect()
         if self.at_push is None and self.grant and step - self.pushed_at >= self.grant:     # its grant is known
             self._push(step, park=False)

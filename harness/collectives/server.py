@@ -42,9 +42,9 @@ worker's own updates, which differ from worker to worker:
   checkpoint is not made with fewer updates left than workers); where it cannot be (a resume with fewer
   left), a worker granted 0 parks until the final release, so that every worker saves at every release.
 
-With --outer-delay D (``ahead``) a worker does not wait for its push's answer: it trains on for D updates
-(set aside by the answer before: harness/collectives/grants.py), then takes the answer and continues from the
-new anchor plus the progress it made meanwhile, so the exchange runs under its updates, as streaming DiLoCo's
+With --outer-delay D (``ahead``) a worker does not wait for its push's answer: it trains on, for up to D
+updates (set aside by the answer before: harness/collectives/grants.py), until it takes the answer and
+continues from the new anchor plus the progress it made meanwhile, so the exchange runs under its updates, as streaming DiLoCo's
 does. Such a push is never parked (its worker is past it): where it would be (a checkpoint, the end, a stop),
 it is answered with a grant of just the updates it ran ahead, and the worker pushes again at once, parked.
 

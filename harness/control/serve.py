@@ -97,6 +97,11 @@ class Server:
             return (box.popleft(),) if box else None
         return self.link.wait_for(ready)[0]
 
+    def arrived(self, kind: str) -> bool:
+        """Whether a "reply" (or another ``take``-able ``kind``) is here, without waiting for one."""
+        return self.link.wait_for(lambda: self._check_abort() or bool(self.inbox[kind]) or None,
+                                  deadline=time.monotonic()) is not None
+
     def exchange(self, tag: str, ranks: list[int] | None, value: Any) -> list:
         """Send ``value`` to the parent's exchange ``tag`` (of this exec and generation); the values of
         every member once all have sent theirs."""

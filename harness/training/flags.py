@@ -100,8 +100,8 @@ def _synchronisation(a: Callable[..., Any]) -> None:
            "(streaming DiLoCo; default 1)")
     a("--outer-delay", type=int, metavar="D",
       help="param mode: a fragment's exchange runs under the next D inner updates and is applied then, with the local "
-           "progress made meanwhile (default 0: the inner steps wait for it); D < K/F. async: a worker takes its "
-           "push's answer D updates after the push, training on meanwhile; D < K")
+           "progress made meanwhile (default 0: the inner steps wait for it); D < K/F. async: a worker trains on "
+           "under its push until the answer is there, D updates at most; D < K")
     a("--outer-dtype", choices=("fp32", "bf16", "fp16", "int8"),
       help="param mode: pseudo-gradients sent as fp32 (default), bf16 or fp16 (half the bytes) or int8 with a scale "
            "per 1024 (a quarter), the rounding error carried into the next sync")
