@@ -14,7 +14,7 @@ import torch
 
 from harness import ChildError, Parent
 from harness.collectives.outer import OuterOptimizer
-from harness.collectives.grants import Grants
+from harness.collectives.grants import Grants, apportion
 from harness.collectives.server import HOLD, ParameterServer, Plan
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
@@ -184,6 +184,7 @@ def test_updates_set_aside_to_run_ahead_of_an_answer_are_part_of_the_next_grant_
     assert (grants.reserve(0, 3), grants.reserve(1, 3), grants.left) == (3, 1, 0)   # only what the budget has left
     assert grants.share_out([0, 1], 1.0) == [3, 1] and grants.reserved == [0, 0]
     assert sum(grants.given) == 24
+    assert apportion(100, [2.0, 1.0], [25, 25]) == [67, 33] and apportion(10, [5.0, 1.0, 1.0], [0, 4, 4]) == [2, 4, 4]
     grants.since[0] = 1.0
     grants.measure(0, 3, 5.0, waited=2.5)        # it stood 2.5 s of those 4 waiting for an answer
     assert grants.rates[0] == 2.0

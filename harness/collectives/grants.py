@@ -118,8 +118,7 @@ class Grants:
             pool = self.left + sum(kept)
             total = self._absorb(min(self.every * len(ranks), pool), pool)
             measured = all(self.rates[r] is not None for r in ranks)
-            grants = [k + g for k, g in zip(kept, apportion(total - sum(kept),
-                                                            [self.rates[r] if measured else 1.0 for r in ranks]))]
+            grants = apportion(total, [self.rates[r] if measured else 1.0 for r in ranks], kept)
         else:
             grants = [max(self._own(r), k) for r, k in zip(ranks, kept)]
         for rank, granted in zip(ranks, grants):
@@ -168,8 +167,19 @@ class Grants:
         return all(self.since[r] + self.current[r] / self.rates[r] - now <= limit for r in ranks)
 
 
-def apportion(total: int, weights: list[float]) -> list[int]:
-    """``total`` split in proportion to ``weights`` (largest remainders), at least 1 each where it allows."""
+def apportion(total: int, weights: list[float], floors: list[int] | None = None) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainders), at least 1 each where it allows, and
+    at least ``floors`` (which add up to ``total`` at most): a share under its floor gets its floor, and the
+    others split the rest."""
+    if floors is not None:
+        short = [i for i, share in enumerate(apportion(total, weights)) if share < floors[i]]
+        if short:
+            rest = [i for i in range(len(weights)) if i not in short]
+            shares = apportion(total - sum(floors[i] for i in short), [weights[i] for i in rest],
+                               [floors[i] for i in rest]) if rest else []
+            split = dict(zip(rest, shares)) | {i: floors[i] for i in short}
+            return [split[i] for i in range(len(weights))]
+        return apportion(total, weights)
     quotas = [total * weight / sum(weights) for weight in weights]
     shares = [int(quota) for quota in quotas]
     for i in sorted(range(len(shares)), key=lambda i: shares[i] - quotas[i])[:total - sum(shares)]:
