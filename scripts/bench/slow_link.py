@@ -53,8 +53,8 @@ VARIANT_NAMES = ("grad", "param-average", "diloco", "diloco-bf16", "streaming", 
 
 def variant_flags(name: str, k: int, async_delay: int = 0) -> list[str]:
     """The synchronisation flags of a variant: K inner updates between syncs, DiLoCo's outer Nesterov
-    (lr 0.7, momentum 0.9) as the paper sets it; async's workers take a push's answer ``async_delay``
-    updates after it (--outer-delay)."""
+    (lr 0.7, momentum 0.9) as the paper sets it; async's workers train on under a push for up to
+    ``async_delay`` updates (--outer-delay)."""
     diloco = ["--mode", "param", "--avg-every", str(k), "--outer-optimizer", "nesterov", "--outer-lr", "0.7",
               "--outer-momentum", "0.9"]
     return {
