@@ -15,7 +15,7 @@ the run's end (every worker parked, everyone answered with the same anchor; ``sa
 With --outer-delay D the answer says how many updates (``ahead``) the worker may run past its next push
 before it takes that push's answer: the push is sent (``ctx.ask``) and the worker trains on, keeping its
 parameters at the push; as soon as the answer is there (``ctx.answered``), and at the latest once it has run
-those updates (or where it must ask the server something else), it takes the answer (``ctx.answer``) and
+those updates (or at a consistent point: a checkpoint, the end), it takes the answer (``ctx.answer``) and
 continues from the new anchor plus what it has moved since the push. A slow link's exchange, or the wait for
 a slower worker, then runs under the inner updates instead of stopping them. Parking pushes never run ahead.
 """
@@ -96,14 +96,8 @@ class AsyncSynchroniser(Synchroniser):
         starts from the anchor answered once all have joined, with its first grant."""
         state = (self.served or {"anchor": host(self.flat.params), "momentum": None, "version": 0}) \
             if self.rank == 0 else None
-        self._adopt(self.request(("join", state)))
+        self._adopt(self.ctx.request("server", ("join", state)))
         self._wait()
-
-    def request(self, payload: tuple) -> dict | None:
-        """The server's answer to ``payload``; a push whose answer is still out is answered first (one request
-        at a time)."""
-        self._collect()
-        return self.ctx.request("server", payload)
 
     def after_step(self, step: int) -> None:
         self.step = step
@@ -152,7 +146,7 @@ class AsyncSynchroniser(Synchroniser):
 
     def report_validation(self, record: dict, send: Callable[[dict], None] | None) -> None:
         """A validation record, to metrics.jsonl through the server (this worker may not be rank 0)."""
-        self.request(("report", {**record, "version": self.version, "updates": self.updates}))
+        self.ctx.ask("server", ("report", {**record, "version": self.version, "updates": self.updates}))
 
     def checkpoint_due(self, scheduled: bool) -> bool:
         """When the server has parked every worker for a checkpoint, not on the loop's schedule."""

@@ -25,11 +25,14 @@ When a worker pushes, the part of its grant it did not run (a worker that stoppe
 budget, so the updates granted and run always add up: at a consistent point (every worker parked) each
 worker's ``given`` is what it has run, the checkpoint's record of the budget.
 
-With --outer-delay D a worker does not wait for a push's answer: it runs up to D more updates first. Those
-are set aside (``reserve``) by the answer before, so the budget never pays for updates nobody granted; the
-next grant includes them (a worker's grants count its updates from push to push), and the rate is then
-measured from push to push (``since`` is the previous push's arrival, not the answer's), less the time the worker
-waited for that answer (the push brings it: a fast worker that waited for a slow one is not slow).
+With --outer-delay D a worker does not wait for a push's answer: it trains on until the answer is there, up
+to D updates. Those are set aside by the answer before (``reserve``: ``ahead``), so the budget never pays for
+updates nobody granted; once the push is delivered they are the worker's ``window``, and the push after it
+brings them: a worker's grant counts from its push, and where it ran more updates ahead than it was then
+granted, it pushes as soon as it has the answer, the extra coming out of its window (``deliver``). A grant is
+thus its share of the round whatever the worker ran ahead, and D may be as large as a round. The rate is then
+measured from push to push (``since`` is the previous push's arrival, not the answer's), less the time the
+worker waited for that answer (the push brings it: a fast worker that waited for a slow one is not slow).
 
 The same measurements tell the server when a worker is due back (``back_within``: the server lets a push
 wait for workers about to come back, so that their pushes are averaged rather than applied one by one,
@@ -48,33 +51,36 @@ class Grants:
     """The budget ledger of ``workers`` workers: ``budget`` updates in all, ``every`` (K) the mean grant;
     ``proportional`` False: K each out of each worker's equal share (S = 0). Per worker: ``given``, the
     updates it has run or is running (a checkpoint's record of the budget spent), ``current``, its running
-    grant, ``reserved``, the updates it may run after its next push before that push's answer (--outer-delay),
-    ``rates`` (updates a second, None until measured) and ``since``, when it started its running grant (on
-    the server's clock)."""
+    grant, ``ahead``, the updates set aside for it to run after its next push before that push's answer, and
+    ``window``, those of its last push, until the push after it is delivered (--outer-delay), ``rates``
+    (updates a second, None until measured) and ``since``, when it started its running grant (on the
+    server's clock)."""
     budget: int
     every: int
     workers: int
     proportional: bool
     given: list[int] = field(init=False)
     current: list[int] = field(init=False)
-    reserved: list[int] = field(init=False)
+    ahead: list[int] = field(init=False)
+    window: list[int] = field(init=False)
     rates: list[float | None] = field(init=False)
     since: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.given, self.current, self.reserved = [0] * self.workers, [0] * self.workers, [0] * self.workers
+        self.given, self.current = [0] * self.workers, [0] * self.workers
+        self.ahead, self.window = [0] * self.workers, [0] * self.workers
         self.rates, self.since = [None] * self.workers, [0.0] * self.workers
 
     @property
     def left(self) -> int:
         """Updates of the budget neither granted nor set aside yet."""
-        return self.budget - sum(self.given) - sum(self.reserved)
+        return self.budget - sum(self.given) - sum(self.ahead) - sum(self.window)
 
     def reserve(self, rank: int, ahead: int) -> int:
         """Set aside up to ``ahead`` updates for worker ``rank`` to run after its next push, before it takes
-        that push's answer (the first of its grant then); returns how many (fewer near the budget's end)."""
-        self.reserved[rank] = max(0, min(ahead, self.left))
-        return self.reserved[rank]
+        that push's answer; returns how many (fewer near the budget's end)."""
+        self.ahead[rank] = max(0, min(ahead, self.left))
+        return self.ahead[rank]
 
     def measure(self, rank: int, updates: int, arrived: float, waited: float = 0.0) -> None:
         """Worker ``rank``'s push of ``updates`` updates arrived at ``arrived``: its rate, not counting the
@@ -83,27 +89,28 @@ class Grants:
         if updates and seconds > 0:
             self.rates[rank] = updates / seconds
 
-    def deliver(self, rank: int, updates: int) -> None:
+    def deliver(self, rank: int, updates: int, ahead: bool = False) -> None:
         """Worker ``rank``'s push of ``updates`` updates is applied: whatever of its grant it did not run goes
-        back to the budget."""
+        back to the budget, what it ran beyond it (ahead of the last answer) comes out of its window; if this
+        push runs ahead (``ahead``), the updates set aside for that are its window now."""
         self.given[rank] += updates - self.current[rank]
         self.current[rank] = 0
+        self.window[rank], self.ahead[rank] = (self.ahead[rank] if ahead else 0), 0
 
     def grant(self, rank: int, now: float, active: set[int]) -> int:
         """The updates worker ``rank``, answered alone, is to run from ``now`` before its next push (0: none
         left); ``active``: the workers that will still take grants (not parked), for its share of the rest."""
-        pool = self.left + self.reserved[rank]
         if self.proportional:
-            granted = self._absorb(min(max(self._proportional(rank, now, active), self.reserved[rank]), pool), pool)
+            granted = self._absorb(min(self._proportional(rank, now, active), self.left))
         else:
-            granted = max(self._own(rank), self.reserved[rank])
+            granted = self._own(rank)
         self._give(rank, granted, now)
         return granted
 
     def settle(self, rank: int, now: float) -> int:
-        """Worker ``rank`` granted exactly the updates set aside for it (a run that ends or parks while it runs
-        them ahead of its push's answer: it pushes again once it has)."""
-        granted = self.reserved[rank]
+        """Worker ``rank`` granted exactly its window (a run that ends or parks while it runs ahead of its push's
+        answer: it pushes again, parked, once it has run them, or at once where it ran that many)."""
+        granted, self.window[rank] = self.window[rank], 0
         self._give(rank, granted, now)
         return granted
 
@@ -113,14 +120,12 @@ class Grants:
         adding up to exactly K per worker or what is left, at least 1 each where that many are left. Rounds
         are then whole down to the budget's end, rather than leaving a few updates for a round of their own
         (an outer step, whose momentum moves the anchor as far as a whole round's: 2.71 to 2.82 on the bench)."""
-        kept = [self.reserved[r] for r in ranks]        # already run, or being run: part of each grant
         if self.proportional:
-            pool = self.left + sum(kept)
-            total = self._absorb(min(self.every * len(ranks), pool), pool)
+            total = self._absorb(min(self.every * len(ranks), self.left))
             measured = all(self.rates[r] is not None for r in ranks)
-            grants = apportion(total, [self.rates[r] if measured else 1.0 for r in ranks], kept)
+            grants = apportion(total, [self.rates[r] if measured else 1.0 for r in ranks])
         else:
-            grants = [max(self._own(r), k) for r, k in zip(ranks, kept)]
+            grants = [self._own(r) for r in ranks]
         for rank, granted in zip(ranks, grants):
             self._give(rank, granted, now)
         return grants
@@ -129,13 +134,12 @@ class Grants:
         """S = 0: K out of the worker's own equal share of the budget."""
         return min(self.every, self.budget // self.workers - self.given[rank])
 
-    def _absorb(self, granted: int, pool: int) -> int:
-        """``granted``, or all of ``pool`` (what is left for it) where that would leave a remainder under K / CRUMB."""
-        return pool if pool - granted < self.every / CRUMB else granted
+    def _absorb(self, granted: int) -> int:
+        """``granted``, or all that is left where that would leave a remainder under K / CRUMB."""
+        return self.left if self.left - granted < self.every / CRUMB else granted
 
     def _give(self, rank: int, granted: int, now: float) -> None:
         self.given[rank] += granted
-        self.reserved[rank] = 0
         self.current[rank], self.since[rank] = granted, now
 
     def _proportional(self, rank: int, now: float, active: set[int]) -> int:
@@ -167,19 +171,8 @@ class Grants:
         return all(self.since[r] + self.current[r] / self.rates[r] - now <= limit for r in ranks)
 
 
-def apportion(total: int, weights: list[float], floors: list[int] | None = None) -> list[int]:
-    """``total`` split in proportion to ``weights`` (largest remainders), at least 1 each where it allows, and
-    at least ``floors`` (which add up to ``total`` at most): a share under its floor gets its floor, and the
-    others split the rest."""
-    if floors is not None:
-        short = [i for i, share in enumerate(apportion(total, weights)) if share < floors[i]]
-        if short:
-            rest = [i for i in range(len(weights)) if i not in short]
-            shares = apportion(total - sum(floors[i] for i in short), [weights[i] for i in rest],
-                               [floors[i] for i in rest]) if rest else []
-            split = dict(zip(rest, shares)) | {i: floors[i] for i in short}
-            return [split[i] for i in range(len(weights))]
-        return apportion(total, weights)
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainders), at least 1 each where it allows."""
     quotas = [total * weight / sum(weights) for weight in weights]
     shares = [int(quota) for quota in quotas]
     for i in sorted(range(len(shares)), key=lambda i: shares[i] - quotas[i])[:total - sum(shares)]:

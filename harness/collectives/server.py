@@ -46,7 +46,8 @@ With --outer-delay D (``ahead``) a worker does not wait for its push's answer: i
 updates (set aside by the answer before: harness/collectives/grants.py), until it takes the answer and
 continues from the new anchor plus the progress it made meanwhile, so the exchange runs under its updates, as streaming DiLoCo's
 does. Such a push is never parked (its worker is past it): where it would be (a checkpoint, the end, a stop),
-it is answered with a grant of just the updates it ran ahead, and the worker pushes again at once, parked.
+it is answered with a grant of the updates set aside for it to run ahead (its window), and the worker pushes
+again, parked, once it has run them.
 
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
@@ -162,9 +163,9 @@ class ParameterServer:
         """Worker ``rank``'s push after update ``step``, ``updates`` since its last (``signal``: the SIGINT/SIGTERM
         it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``); returns
         the answers now due, to this worker or to others that waited."""
-        if ahead and (park or delta is None or ahead != self.grants.reserved[rank]):
+        if ahead and (park or delta is None or ahead != self.grants.ahead[rank]):
             raise RuntimeError(f"worker {rank} ran {ahead} updates ahead of its push at update {step}, which was "
-                               f"{'parked' if park or delta is None else f'granted {self.grants.reserved[rank]}'}")
+                               f"{'parked' if park or delta is None else f'set aside {self.grants.ahead[rank]}'}")
         if any(p.rank == rank for p in self.pending) or rank in self.parked:
             raise RuntimeError(f"worker {rank} pushed at update {step} while its previous push is unanswered")
         self.stop_why = self.stop_why or signal
@@ -247,7 +248,7 @@ class ParameterServer:
     def _count(self, push: Push) -> None:
         """The push's updates counted; the points they pass (a validation, a checkpoint) made due."""
         before = self.applied
-        self.grants.deliver(push.rank, push.updates)
+        self.grants.deliver(push.rank, push.updates, ahead=bool(push.ahead))
         after = self.applied
         if after < self.plan.budget:        # the end validates and saves anyway
             if passes(before, after, self.plan.validate_every):
@@ -300,9 +301,10 @@ class ParameterServer:
                 "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
 
     def report(self, rank: int, record: dict) -> list[Answer]:
-        """A worker's validation record, stamped with the server's clock (the parent's), for metrics.jsonl."""
+        """A worker's validation record, stamped with the server's clock (the parent's), for metrics.jsonl. Not
+        answered: the worker sends it without waiting (``ctx.ask``), also while its push's answer is out."""
         self.records.append({**record, "time": time.time(), "rank": rank})
-        return [(rank, None)]
+        return []
 
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
         """``ctx.request("server", request)`` in the parent (``Children.serve``): ("join", state),
