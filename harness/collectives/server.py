@@ -220,19 +220,24 @@ class ParameterServer:
                                  "staleness": before - push.base, "version": self.version,
                                  "inner_updates": push.updates, "ahead": push.ahead})
             self.base[push.rank] = self.version
-        answered, ahead, ending = [], {p.rank: p for p in batch if p.ahead}, []
+        return self._answer(batch, now)
+
+    def _answer(self, batch: list[Push], now: float) -> list[Answer]:
+        """The applied pushes answered with their next grants, or parked; a push whose worker runs ahead is
+        never parked: it is granted its window, and the worker pushes again, parked."""
+        answered, ending = [], []
         for push in batch:
             if not (push.park or self.saving or self._finished()):
                 answered.append(push.rank)
-            elif push.ahead:        # its worker is past it: granted what it ran ahead, it pushes again, parked
+            elif push.ahead:
                 ending.append(push.rank)
             else:
                 self.parked.add(push.rank)
         answers = [(rank, self._reply(rank, grant)) for rank, grant in zip(answered, self._grants(answered, now))]
-        for rank in ending:
-            answers.append((rank, self._reply(rank, self.grants.settle(rank, now), reserve=False)))
-        for rank, push in ahead.items():            # its worker started this grant at its push, not at our answer
-            self.grants.since[rank] = push.arrived
+        answers += [(rank, self._reply(rank, self.grants.settle(rank, now), reserve=False)) for rank in ending]
+        for push in batch:
+            if push.ahead:      # its worker started this grant at its push, not at our answer
+                self.grants.since[push.rank] = push.arrived
         return answers
 
     def _grants(self, ranks: list[int], now: float) -> list[int]:
