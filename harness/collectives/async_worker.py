@@ -159,9 +159,9 @@ class AsyncSynchroniser(Synchroniser):
         return self.take("save")
 
     def _push(self, step: int, park: bool) -> None:
-        """Push the updates since the last push: the answer taken now, or (``ahead`` granted, not parking and
-        nothing to report) after ``ahead`` more updates, in ``after_step``."""
-        self._collect()
+        """Push the updates since the last push (every caller has taken the answer to the one before): the
+        answer taken now, or (``ahead`` granted, not parking and nothing to report) after ``ahead`` more updates
+        at the latest, in ``after_step``."""
         nothing_new = step == self.pushed_at
         delta = None if nothing_new else [(a - p).float().cpu() for a, p in zip(self.anchor, self.flat.params)]
         why = -1 if self.diverged else self.signal() or 0

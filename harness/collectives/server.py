@@ -44,8 +44,8 @@ worker's own updates, which differ from worker to worker:
 
 With --outer-delay D (``ahead``) a worker does not wait for its push's answer: it trains on, for up to D
 updates (set aside by the answer before: harness/collectives/grants.py), until it takes the answer and
-continues from the new anchor plus the progress it made meanwhile, so the exchange runs under its updates, as streaming DiLoCo's
-does. Such a push is never parked (its worker is past it): where it would be (a checkpoint, the end, a stop),
+continues from the new anchor plus the progress it made meanwhile, so the exchange runs under its updates,
+as streaming DiLoCo's does. Such a push is never parked (its worker is past it): where it would be (a checkpoint, the end, a stop),
 it is answered with a grant of the updates set aside for it to run ahead (its window), and the worker pushes
 again, parked, once it has run them.
 

@@ -147,9 +147,11 @@ class ShardLayout:
 
 @dataclass
 class _Pending:
-    """A collective in flight and what follows it once it is done."""
+    """A collective in flight and what follows it once it is done; ``holds``: a tensor it reads that nothing
+    else keeps alive (a gradient reduced where autograd left it), let go once it is done."""
     work: object
     then: Callable[[], None] = lambda: None
+    holds: torch.Tensor | None = None
     done: bool = False
 
     def finish(self) -> None:
@@ -158,7 +160,7 @@ class _Pending:
             if self.work is not None:
                 self.work.wait()
             self.then()
-            self.work = self.then = None    # what they hold (a gradient reduced where it is) is let go
+            self.work = self.then = self.holds = None
 
 
 @dataclass
@@ -268,7 +270,7 @@ class ShardedGradients(GradientAveraging):
         this rank's chunk of the input), except stage 2's first micro-batch, which goes straight into the
         piece; then a staged chunk is copied to the piece (stage 1, padded) or added to it (stage 2)."""
         bucket, piece, rank = self.layout.buckets[index], self.layout.grads[index], self.layout.rank
-        self.before_backward()
+        self._let_go()
         unstaged = self._unstaged(bucket)
         slot = self._slot() if (self.stage == 2 or bucket.padded) and not unstaged else None
         if unstaged:
@@ -282,19 +284,21 @@ class ShardedGradients(GradientAveraging):
             then = lambda: piece.add_(mine)
         else:       # stage 1: ``mine`` is the piece itself, or its padded copy in the slot
             then = (lambda: piece.copy_(mine[:piece.numel()])) if slot is not None else (lambda: None)
-        if unstaged:     # the closure holds the gradient until the reduce-scatter that reads it is done
-            then = (lambda add=then, source=source: add())
-        pending = _Pending(self.comm.reduce_scatter(mine, source, op="avg", async_op=self.order.hooked), then)
+        pending = _Pending(self.comm.reduce_scatter(mine, source, op="avg", async_op=self.order.hooked), then,
+                           holds=source if unstaged else None)
         self._keep(pending, slot)
         if unstaged:
             self._direct = pending
 
     def before_backward(self) -> None:
-        """The gradient reduce-scattered where autograd left it is let go (once that is done) before backward
-        makes the next one, at a micro-batch's start or at the next bucket: then no more than one such gradient
-        is held at a time. At the start of backward, not at the next bucket: the next backward's first
-        operation (a language model's head) makes the next gradient of the same tied embedding, at the moment of
-        backward's largest activations."""
+        """The gradient reduce-scattered where autograd left it is let go (``_let_go``) at the start of each
+        backward, not only at the next bucket: the next backward's first operation (a language model's head)
+        makes the next gradient of the same tied embedding, at the moment of backward's largest activations."""
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The gradient reduce-scattered where autograd left it released, once that is done: before backward
+        makes the next one (``before_backward``, and at each bucket's launch), so no more than one is held."""
         if self._direct is not None:
             self._direct.finish()
             self._direct = None
