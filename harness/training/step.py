@@ -117,7 +117,6 @@ class TrainStep:
             loss = self.compute(batch)
         if self.accum > 1:
             loss = loss / self.accum
-        self.sync.before_backward()
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
         return loss.detach()
 
@@ -129,8 +128,13 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
     not one per parameter) and no host synchronisation, so a CUDA graph captures it. Returns the
     global norm before clipping. ``combine``: where ``grads`` are this rank's shards, the squared norm
     is summed over the ranks (one all-reduce of a scalar), so every rank clips by the same norm.
-    ``followers`` are scaled alike without counting in the norm (another rank's shard, replicated)."""
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+    ``followers`` are scaled alike without counting in the norm (another rank's shard, replicated).
+    On CPUs the squares are summed in float64: a sum in float32 depends on how the gradients are cut
+    (whole buffers, or --zero's pieces) and on the CPU's vector width, and a clipping scale that differs
+    in its last bit grows, within ten AdamW updates of an MLP, past what equal runs may differ by (1e-6);
+    in float64 the scale comes out the same. On GPUs the float64 copy would cost memory and time."""
+    dtype = torch.float64 if grads[0].device.type == "cpu" else torch.float32
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=dtype) for g in grads]))
     if combine is not None:
         square = norm * norm
         combine(square, "sum")
