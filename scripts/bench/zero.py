@@ -71,7 +71,7 @@ def measure(rows: list[dict], workers: int, args: argparse.Namespace) -> None:
     logs = args.out / "logs"
     if args.peers:
         tokens = make_tokens(args.out / "tokens")
-        for zero in (0, 1, 2) if "harness" in args.variants.split(",") else ():
+        for zero in args.zero if "harness" in args.variants.split(",") else ():
             record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": "harness"},
                        lambda: row(workers, zero, args.steps, logs, gpt_flags(workers, tokens), "gpt-nanogpt"))
         for wrap, zero in (p for p in PEERS if p[0] in args.variants.split(",")):
@@ -79,7 +79,7 @@ def measure(rows: list[dict], workers: int, args: argparse.Namespace) -> None:
                        lambda: peer_row(workers, wrap, zero, args.steps, tokens))
         return
     where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
-    for zero, replica in [(z, False) for z in (0, 1, 2)] + [(z, True) for z in (1, 2) if args.replica]:
+    for zero, replica in [(z, False) for z in args.zero] + [(z, True) for z in args.zero if z and args.replica]:
         record_row(rows, args.out, {"model": "mlp-4x1024", "workers": workers, "zero": zero, "variant": "harness",
                                     "replica": replica},
                    lambda: row(workers, zero, args.steps, logs, [*MODEL, *RECIPE, *where], replica=replica))
@@ -96,7 +96,9 @@ def main() -> None:
     p.add_argument("--replica", action="store_true",
                    help="also --zero 1 and 2 with --heal on (each shard replicated on the next worker; row replica true)")
     p.add_argument("--variants", default="harness,ddp,torch-zero,fsdp2", help="with --peers: which rows")
+    p.add_argument("--zero", default="0,1,2", help="the harness rows' --zero stages, comma-separated (default 0,1,2)")
     args = p.parse_args()
+    args.zero = [int(z) for z in args.zero.split(",")]
     args.out = args.out.resolve()
     rows: list[dict] = []
     for workers in map(int, args.workers.split(",")):
