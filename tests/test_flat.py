@@ -67,6 +67,22 @@ def test_backward_accumulates_into_flat_grad_buffer():
     assert all(inside(p.grad, flat.grads[0]) for p in model.parameters())
 
 
+def test_without_flat_gradients_autograd_hands_its_own_over_and_zero_grad_lets_them_go():
+    """A world of one keeps no flat gradient buffer: backward leaves autograd's own tensors as .grad (no add
+    into a zeroed buffer), ``own_grads`` lists them in the parameters' order, and ``zero_grad`` sets them
+    to None, as a plain loop's ``zero_grad(set_to_none=True)`` does."""
+    model = small_model()
+    expected = per_param_grads(copy.deepcopy(model), mse)
+    flat = FlatParameters(model, flatten_grads=False)
+    assert flat.grads == [] and all(p.grad is None for p in model.parameters())
+    assert flat.grad_nbytes() == sum(p.nbytes for p in model.parameters())
+    mse(model).backward()
+    assert not any(inside(p.grad, flat.params[0]) for p in model.parameters())
+    torch.testing.assert_close(torch.cat([g.reshape(-1) for g in flat.own_grads()]), expected)
+    flat.zero_grad()
+    assert all(p.grad is None for p in model.parameters()) and flat.own_grads() == []
+
+
 def test_tied_parameters_appear_once():
     model = TiedLM()
     tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])

@@ -109,19 +109,22 @@ def test_schedules_warm_up_then_decay_to_the_minimum():
         learning_rate(0, lr, "exp")
 
 
-def test_clipping_the_flat_gradients_equals_clip_grad_norm():
+@pytest.mark.parametrize("flatten", [True, False])
+def test_clipping_the_flat_gradients_or_autograd_s_own_equals_clip_grad_norm(flatten):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
     reference = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
     reference.load_state_dict(model.state_dict())
-    flat, x = FlatParameters(model), torch.randn(8, 6)
+    flat, x = FlatParameters(model, flatten_grads=flatten), torch.randn(8, 6)
     for max_norm in (0.05, 1e6):        # clipped, and left alone
         flat.zero_grad()
         reference.zero_grad()
         model(x).pow(2).sum().backward()
         reference(x).pow(2).sum().backward()
         expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
-        assert clip_grad_norm(flat.grads, max_norm) == pytest.approx(expected.item(), rel=1e-6)
+        grads = flat.grads if flatten else flat.own_grads()
+        assert len(grads) == (1 if flatten else 4)
+        assert clip_grad_norm(grads, max_norm) == pytest.approx(expected.item(), rel=1e-6)
         for p, q in zip(model.parameters(), reference.parameters()):
             assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-8)
         clipped = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])).item()

@@ -9,6 +9,8 @@ import torch
 from harness import Parent
 from harness.collectives.flat import FlatParameters
 from harness.collectives.sync import BucketedGradientAveraging
+from harness.training.build import flat_gradients
+from harness.training.config import TrainConfig
 from tests.helpers.collectives import Recording, small_model
 from tests.helpers.training import run_train
 
@@ -87,3 +89,15 @@ def test_buckets_launch_in_index_order_even_when_gradients_arrive_out_of_order(p
 def test_bf16_reduction_keeps_replicas_identical(tmp_path):
     results, _ = run_train(tmp_path, "--epochs", "1", "--reduce-dtype", "bf16", "--bucket-mb", "0.01")
     assert len({r["checksum"] for r in results}) == 1
+
+
+@pytest.mark.parametrize("world, flags, flat", [
+    (1, {}, False),                                     # averages nothing: autograd's own gradients
+    (2, {}, True),                                      # all-reduced from the flat buffers
+    (1, {"zero": 1}, True),                             # --zero 1 reduce-scatters its buffers, even alone
+    (2, {"zero": 2}, False),                            # --zero 2 keeps its shard only
+    (1, {"mode": "param", "outer_optimizer": "nesterov"}, True),
+    (1, {"mode": "async"}, True),
+])
+def test_only_a_world_that_averages_nothing_leaves_gradients_to_autograd(world, flags, flat):
+    assert flat_gradients(TrainConfig(**flags), world) is flat

@@ -41,7 +41,9 @@ class FlatParameters:
     one is the same range of the other (harness/collectives/shards.py).
 
     ``flatten_grads=False`` leaves gradients where autograd puts them (``grads`` is empty): --zero 2
-    keeps only its shard of them.
+    keeps only its shard of them, and a world of one, which averages nothing, lets autograd hand its own
+    over as ``.grad`` (``zero_grad`` sets them to None), as a plain loop does: accumulating into a zeroed
+    buffer costs an add kernel per parameter (161 on ResNet-50, 0.34 ms of a 24 ms step on an H100).
     """
 
     def __init__(self, model: torch.nn.Module, flatten_grads: bool = True):
@@ -83,9 +85,24 @@ class FlatParameters:
         self.buffers: list[torch.Tensor] = [buf for buf in model.buffers() if buf.is_floating_point()]
 
     def zero_grad(self) -> None:
-        """Zero the flat gradient buffers in place; grads stay views (unlike set_to_none)."""
+        """Zero the flat gradient buffers in place; grads stay views (unlike set_to_none). Without flat
+        gradients, the parameters' own are let go (set to None)."""
         for flat_grad in self.grads:
             flat_grad.zero_()
+        if not self.grads:
+            for segment in self.segments:
+                for param in segment.trainable:
+                    param.grad = None
+
+    def own_grads(self) -> list[torch.Tensor]:
+        """The gradients autograd left on the parameters (without flat gradients: see the class)."""
+        return [p.grad for segment in self.segments for p in segment.trainable if p.grad is not None]
+
+    def grad_nbytes(self) -> int:
+        """What the gradients take: the flat buffers, or what autograd makes for the trainable parameters."""
+        if self.grads:
+            return sum(g.nbytes for g in self.grads)
+        return sum(p.nbytes for segment in self.segments for p in segment.trainable)
 
     def rebind_grads(self) -> int:
         """Zero the gradient buffers and point every trainable parameter's .grad back at its view.

@@ -405,7 +405,7 @@ class ShardedGradients(GradientAveraging):
         staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())
         pieces = sum(g.nbytes for g in self.layout.grads) if self.stage == 2 else 0    # stage 1's are the flat ones
         replica = sum(g.nbytes for g in self.replica.layout.grads) if self.replica is not None else 0
-        return super().gradient_bytes() + pieces + staging + replica
+        return sum(g.nbytes for g in self.flat.grads) + pieces + staging + replica
 
     def close(self) -> None:
         self.order.close()

@@ -51,8 +51,9 @@ class Synchroniser:
         pass
 
     def update_grads(self) -> list[torch.Tensor]:
-        """The gradients the optimizer reads (clipped, unscaled): the flat ones, or this rank's shards."""
-        return self.flat.grads
+        """The gradients the optimizer reads (clipped, unscaled): the flat ones, autograd's own (a world of
+        one keeps no flat ones), or this rank's shards."""
+        return self.flat.grads or self.flat.own_grads()
 
     def follower_grads(self) -> list[torch.Tensor]:
         """Gradients that are unscaled and clipped as ``update_grads()`` are, without counting in the
@@ -137,8 +138,9 @@ class Synchroniser:
         return None
 
     def gradient_bytes(self) -> int:
-        """What this rank holds for gradients (the flat buffers; a sharded synchroniser adds its own)."""
-        return sum(g.nbytes for g in self.flat.grads)
+        """What this rank holds for gradients (the flat buffers, or autograd's own; a sharded synchroniser
+        adds its own)."""
+        return self.flat.grad_nbytes()
 
     def finish(self) -> None:
         """Called before the replicas are compared, evaluated or saved."""

@@ -82,6 +82,14 @@ def make_server(config: TrainConfig, steps_per_epoch: int) -> ParameterServer:
                            ahead=config.outer_delay)
 
 
+def flat_gradients(config: TrainConfig, world: int) -> bool:
+    """Whether the gradients go into flat buffers (FlatParameters): not with --zero 2, which keeps only
+    its shard of them, nor for a world of one that averages nothing (``make_synchroniser``'s plain
+    Synchroniser), whose step then lets autograd hand its gradients over, as a plain loop's does."""
+    alone = world == 1 and config.mode != "async" and not config.zero and not config.outer
+    return config.zero < 2 and not alone
+
+
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                       optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None,
                       report: Callable[[dict], None] | None = None, replica: Replica | None = None,

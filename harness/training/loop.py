@@ -41,8 +41,8 @@ from harness.resilience.heal import Salvage, Ticket, Where, hand_over, hand_over
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
 from harness.resilience.shard_heal import Progress, hand_over_shards
-from harness.training.build import (autocast, load_data, make_batches, make_model, make_optimizer, make_synchroniser,
-                                    model_loss, model_output_loss)
+from harness.training.build import (autocast, flat_gradients, load_data, make_batches, make_model, make_optimizer,
+                                    make_synchroniser, model_loss, model_output_loss)
 from harness.training.config import TrainConfig
 from harness.training.losses import make_loss
 from harness.training.evaluation import evaluate
@@ -117,7 +117,7 @@ class Worker:
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
         self.model = make_model(config, self.data.info, self.device)
-        self.flat = FlatParameters(self.model, flatten_grads=config.zero < 2)
+        self.flat = FlatParameters(self.model, flatten_grads=flat_gradients(config, self.world))
         # --zero: this rank's optimizer updates its shards of the flat parameters (harness/collectives/shards.py)
         self.shards = ShardLayout(self.flat, self.world, self.rank, config.bucket_mb) if config.zero else None
         self.optimizer = make_optimizer(config, self.shards.pieces if self.shards else self.model.parameters(),

@@ -124,8 +124,9 @@ class TrainStep:
 def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
                    combine: Callable[[torch.Tensor, str], None] | None = None,
                    followers: list[torch.Tensor] = ()) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` on the flat gradient buffers: a norm per buffer (a few,
-    not one per parameter) and no host synchronisation, so a CUDA graph captures it. Returns the
+    """``torch.nn.utils.clip_grad_norm_`` on the gradients the optimizer reads (the flat buffers, a few; or
+    autograd's own, one a parameter), with multi-tensor kernels and no host synchronisation, so a CUDA graph
+    captures it. Returns the
     global norm before clipping. ``combine``: where ``grads`` are this rank's shards, the squared norm
     is summed over the ranks (one all-reduce of a scalar), so every rank clips by the same norm.
     ``followers`` are scaled alike without counting in the norm (another rank's shard, replicated).
@@ -134,14 +135,17 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
     in its last bit grows, within ten AdamW updates of an MLP, past what equal runs may differ by (1e-6);
     in float64 the scale comes out the same. On GPUs the float64 copy would cost memory and time."""
     dtype = torch.float64 if grads[0].device.type == "cpu" else torch.float32
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=dtype) for g in grads]))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=dtype)))
     if combine is not None:
         square = norm * norm
         combine(square, "sum")
         norm = square.sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for g in (*grads, *followers):
-        g.mul_(scale.to(g.dtype))
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for kind, group in by_dtype.items():
+        torch._foreach_mul_(group, scale.to(kind))
     return norm
 
 
@@ -207,6 +211,7 @@ class GraphedTrainStep(TrainStep):
             self.ticket.count.copy_(applied)
         if scaled is not None:          # and the loss scale they moved
             self.scaler.load_state_dict(scaled)
+        self.flat.zero_grad()           # warm-up's gradients too, where autograd's own are kept (a world of one)
         torch.cuda.empty_cache()        # warm-up's activations: the graph allocates its own
         self.graph = torch.cuda.CUDAGraph()
 
