@@ -149,20 +149,27 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
     return norm
 
 
+def _aside(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy in host memory."""
+    return tensor.detach().to("cpu", copy=True)
+
+
 class Rewind:
     """What warm-up updates change, put back afterwards: parameters and buffers, the optimizers' state
     (the rank's, and --zero's replica's), ``tensors`` outside the model that they update (the replica's
     own parameters), and the random generators. State an optimizer created during warm-up (its first step's
     momentum or Adam moments) is zeroed in place, not dropped: the graph holds its address, and zero
     is what the step after it computes from (fresh Adam moments are zeros; SGD's momentum without
-    dampening becomes the gradient either way)."""
+    dampening becomes the gradient either way). The copies are kept in host memory: on the GPU, a copy of
+    the weights (GPT-2: 474 MB) would be held through the warm-up's largest activations, and that was the
+    run's peak."""
 
     def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
                  tensors: list[torch.Tensor] = ()):
         self.model, self.optimizers, self.tensors = model, optimizers, list(tensors)
-        self.weights = {k: v.clone() for k, v in model.state_dict().items()}
-        self.kept = [t.detach().clone() for t in self.tensors]
-        self.state = [{p: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+        self.weights = {k: _aside(v) for k, v in model.state_dict().items()}
+        self.kept = [_aside(t) for t in self.tensors]
+        self.state = [{p: {k: _aside(v) if torch.is_tensor(v) else v for k, v in state.items()}
                        for p, state in optimizer.state.items()} for optimizer in optimizers]
         self.rng = torch.get_rng_state(), torch.cuda.get_rng_state()
 
