@@ -47,6 +47,9 @@ class Synchroniser:
         """Before an update's first backward."""
         self.flat.zero_grad()
 
+    def before_backward(self) -> None:
+        """After a micro-batch's forward, before its backward."""
+
     def after_backward(self) -> None:
         pass
 

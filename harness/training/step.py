@@ -117,6 +117,7 @@ class TrainStep:
             loss = self.compute(batch)
         if self.accum > 1:
             loss = loss / self.accum
+        self.sync.before_backward()
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
         return loss.detach()
 
