@@ -69,7 +69,7 @@ def test_backward_accumulates_into_flat_grad_buffer():
 
 def test_without_flat_gradients_autograd_hands_its_own_over_and_zero_grad_lets_them_go():
     """A world of one keeps no flat gradient buffer: backward leaves autograd's own tensors as .grad (no add
-    into a zeroed buffer), ``own_grads`` lists them in the parameters' order, and ``zero_grad`` sets them
+    into a zeroed buffer), ``complete_grads`` lists them in the parameters' order, and ``zero_grad`` sets them
     to None, as a plain loop's ``zero_grad(set_to_none=True)`` does."""
     model = small_model()
     expected = per_param_grads(copy.deepcopy(model), mse)
@@ -77,10 +77,31 @@ def test_without_flat_gradients_autograd_hands_its_own_over_and_zero_grad_lets_t
     assert flat.grads == [] and all(p.grad is None for p in model.parameters())
     assert flat.grad_nbytes() == sum(p.nbytes for p in model.parameters())
     mse(model).backward()
-    assert not any(inside(p.grad, flat.params[0]) for p in model.parameters())
-    torch.testing.assert_close(torch.cat([g.reshape(-1) for g in flat.own_grads()]), expected)
+    assert flat.grads == [] and len({p.grad.untyped_storage().data_ptr() for p in model.parameters()}) == 6
+    torch.testing.assert_close(torch.cat([g.reshape(-1) for g in flat.complete_grads()]), expected)
     flat.zero_grad()
-    assert all(p.grad is None for p in model.parameters()) and flat.own_grads() == []
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_parameter_backward_left_no_gradient_gets_zeros_with_or_without_flat_gradients():
+    """As a flat buffer's zeroed view, so that the optimizer steps on it (weight decay) alike: one worker
+    without flat gradients trains as N workers with them."""
+    updated = []
+    for flatten in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        flat = FlatParameters(model, flatten_grads=flatten)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+        before = model[1].weight.detach().clone()
+        for _ in range(3):
+            flat.zero_grad()
+            model[0](torch.randn(5, 4)).sum().backward()        # the second layer gets no gradient
+            grads = flat.grads if flatten else flat.complete_grads()
+            assert len(grads) == (1 if flatten else 4) and not model[1].weight.grad.any()
+            optimizer.step()
+        updated.append(model[1].weight.detach().clone())
+        assert not torch.equal(updated[-1], before)        # decayed
+    torch.testing.assert_close(updated[0], updated[1], rtol=0, atol=0)
 
 
 def test_tied_parameters_appear_once():

@@ -122,7 +122,7 @@ def test_clipping_the_flat_gradients_or_autograd_s_own_equals_clip_grad_norm(fla
         model(x).pow(2).sum().backward()
         reference(x).pow(2).sum().backward()
         expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
-        grads = flat.grads if flatten else flat.own_grads()
+        grads = flat.grads if flatten else flat.complete_grads()
         assert len(grads) == (1 if flatten else 4)
         assert clip_grad_norm(grads, max_norm) == pytest.approx(expected.item(), rel=1e-6)
         for p, q in zip(model.parameters(), reference.parameters()):

@@ -47,6 +47,7 @@ class FlatParameters:
     """
 
     def __init__(self, model: torch.nn.Module, flatten_grads: bool = True):
+        self.flatten_grads = flatten_grads
         # model.parameters() already deduplicates by identity, so tied parameters appear once, in
         # order of first registration.
         groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
@@ -89,20 +90,27 @@ class FlatParameters:
         gradients, the parameters' own are let go (set to None)."""
         for flat_grad in self.grads:
             flat_grad.zero_()
-        if not self.grads:
-            for segment in self.segments:
-                for param in segment.trainable:
-                    param.grad = None
+        if not self.flatten_grads:
+            for param in self._trainable():
+                param.grad = None
 
-    def own_grads(self) -> list[torch.Tensor]:
-        """The gradients autograd left on the parameters (without flat gradients: see the class)."""
-        return [p.grad for segment in self.segments for p in segment.trainable if p.grad is not None]
+    def complete_grads(self) -> list[torch.Tensor]:
+        """Without flat gradients: every trainable parameter's own, zeros made where backward gave it none, so
+        the optimizer steps on it (weight decay, momentum) as on a flat buffer's zeroed view, and a world of one
+        trains as N workers do."""
+        for param in self._trainable():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        return [param.grad for param in self._trainable()]
 
     def grad_nbytes(self) -> int:
         """What the gradients take: the flat buffers, or what autograd makes for the trainable parameters."""
-        if self.grads:
+        if self.flatten_grads:
             return sum(g.nbytes for g in self.grads)
-        return sum(p.nbytes for segment in self.segments for p in segment.trainable)
+        return sum(p.nbytes for p in self._trainable())
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [param for segment in self.segments for param in segment.trainable]
 
     def rebind_grads(self) -> int:
         """Zero the gradient buffers and point every trainable parameter's .grad back at its view.

@@ -56,7 +56,7 @@ class Synchroniser:
     def update_grads(self) -> list[torch.Tensor]:
         """The gradients the optimizer reads (clipped, unscaled): the flat ones, autograd's own (a world of
         one keeps no flat ones), or this rank's shards."""
-        return self.flat.grads or self.flat.own_grads()
+        return self.flat.grads if self.flat.flatten_grads else self.flat.complete_grads()
 
     def follower_grads(self) -> list[torch.Tensor]:
         """Gradients that are unscaled and clipped as ``update_grads()`` are, without counting in the

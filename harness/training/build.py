@@ -100,6 +100,9 @@ def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
     outer optimizer (DiLoCo's outer momentum works on one worker too). ``report``: rank 0's outer_sync records;
     ``replica``: --zero's copy of the previous rank's shard, when the group heals in place; ``ctx`` and
     ``served`` (a checkpoint's server state): --mode async's worker, which talks to the parent's server."""
+    if flat.flatten_grads != flat_gradients(config, comm.size):
+        raise ValueError(f"flat gradients {'kept' if flat.flatten_grads else 'not kept'} for a world of {comm.size} "
+                         f"that {'does not need' if flat.flatten_grads else 'needs'} them (flat_gradients)")
     if config.mode == "async":
         return AsyncSynchroniser(flat, ctx.rank, ctx.world_size, ctx,
                                  lambda: ctx.interrupted, served)

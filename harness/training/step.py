@@ -127,13 +127,12 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float,
                    followers: list[torch.Tensor] = ()) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` on the gradients the optimizer reads (the flat buffers, a few; or
     autograd's own, one a parameter), with multi-tensor kernels and no host synchronisation, so a CUDA graph
-    captures it. Returns the
-    global norm before clipping. ``combine``: where ``grads`` are this rank's shards, the squared norm
-    is summed over the ranks (one all-reduce of a scalar), so every rank clips by the same norm.
-    ``followers`` are scaled alike without counting in the norm (another rank's shard, replicated).
-    On CPUs the squares are summed in float64: a sum in float32 depends on how the gradients are cut
-    (whole buffers, or --zero's pieces) and on the CPU's vector width, and a clipping scale that differs
-    in its last bit grows, within ten AdamW updates of an MLP, past what equal runs may differ by (1e-6);
+    captures it. Returns the global norm before clipping. ``combine``: where ``grads`` are this rank's
+    shards, the squared norm is summed over the ranks (one all-reduce of a scalar), so every rank clips by
+    the same norm. ``followers`` are scaled alike without counting in the norm (another rank's shard,
+    replicated). On CPUs the squares are summed in float64: a sum in float32 depends on how the gradients
+    are cut (whole buffers, or --zero's pieces) and on the CPU's vector width, and a clipping scale that
+    differs in its last bit grows, within ten AdamW updates of an MLP, past what equal runs may differ by (1e-6);
     in float64 the scale comes out the same. On GPUs the float64 copy would cost memory and time."""
     dtype = torch.float64 if grads[0].device.type == "cpu" else torch.float32
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=dtype)))
@@ -161,16 +160,18 @@ class Rewind:
     own parameters), and the random generators. State an optimizer created during warm-up (its first step's
     momentum or Adam moments) is zeroed in place, not dropped: the graph holds its address, and zero
     is what the step after it computes from (fresh Adam moments are zeros; SGD's momentum without
-    dampening becomes the gradient either way). The copies are kept in host memory: on the GPU, a copy of
-    the weights (GPT-2: 474 MB) would be held through the warm-up's largest activations, and that was the
-    run's peak."""
+    dampening becomes the gradient either way). The weights are copied to host memory: a GPU copy (GPT-2:
+    474 MB) was held through the warm-up's largest activations and made the run's peak (--zero 2 on 2 x
+    H200: 15266 MB, 14708 without it). The optimizer state there is (a resumed or healed worker's) stays on
+    the GPU: 1.4 GB of GPT-2's weights and AdamW moments took 1.2 s to copy out and back through pageable
+    host memory against 5 ms on the GPU, which would have slowed every heal by as much."""
 
     def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
                  tensors: list[torch.Tensor] = ()):
         self.model, self.optimizers, self.tensors = model, optimizers, list(tensors)
         self.weights = {k: _aside(v) for k, v in model.state_dict().items()}
         self.kept = [_aside(t) for t in self.tensors]
-        self.state = [{p: {k: _aside(v) if torch.is_tensor(v) else v for k, v in state.items()}
+        self.state = [{p: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
                        for p, state in optimizer.state.items()} for optimizer in optimizers]
         self.rng = torch.get_rng_state(), torch.cuda.get_rng_state()
 
