@@ -31,6 +31,16 @@ def test_targets_come_from_the_unthrottled_grad_row_and_apply_to_every_row():
     assert with_targets(rows[2:])[0] is None
 
 
+def test_an_async_row_is_timed_to_the_final_loss_of_diloco_with_the_same_throttling():
+    rows = [{"variant": "diloco", "throttled": True, "final_val_loss": 2.67, "wall_s": 25.0, "val_curve": [[25.0, 2.67]]},
+            {"variant": "diloco", "throttled": False, "final_val_loss": 2.60, "wall_s": 20.0, "val_curve": []},
+            {"variant": "async", "throttled": True, "val_curve": [[10.0, 3.0], [20.0, 2.66], [22.0, 2.6]]},
+            {"variant": "async", "throttled": False, "val_curve": [[10.0, 3.0], [20.0, 2.66]]}]
+    timed = with_targets(rows)[1]
+    assert [(r.get("time_to_diloco_s"), r.get("x_diloco_wall")) for r in timed] == \
+        [(None, None), (None, None), (20.0, 0.8), (None, None)]        # the unthrottled one never got to 2.60
+
+
 def test_outer_syncs_give_the_blocked_share_of_wall_time_and_the_largest_staleness():
     records = [{"event": "outer_sync", "blocked_s": 1.5, "staleness": 0},
                {"event": "outer_sync", "blocked_s": 0.5, "staleness": 1},
@@ -67,7 +77,7 @@ def test_the_table_shows_figures_and_errors():
              "time_to_target_s": 170.0, "bytes_sent": 760e6, "blocked_frac": None, "max_staleness_seen": None},
             {"variant": "async", "throttled": True, "samples": 6400, "error": "Train.py: error: no async"}]
     table = format_table(rows).splitlines()
-    assert table[1].split() == ["grad", "False", "6400", "2.5000", "180.0", "170.0", "760.00", "-", "-"]
+    assert table[1].split() == ["grad", "False", "6400", "2.5000", "180.0", "170.0", "760.00", "-", "-", "-"]
     assert table[2].endswith("error: Train.py: error: no async")
 
 

@@ -15,7 +15,9 @@ Rows (``bench_slow_link.json``, ``rows``): ``variant``, ``link_mbit``, ``throttl
 ``final_val_loss``, ``wall_s`` (launch to exit), ``time_to_target_s`` (launch to the first validation
 at or below 1.02 x grad mode's final loss; null if never), ``bytes_sent`` (what the hosts put on
 their links, from the bridge ends' rx_bytes: worker to worker and worker to parent),
-``blocked_frac`` (outer_sync records' blocked_s over wall_s), ``max_staleness_seen``, ``startup_s``
+``blocked_frac`` (outer_sync records' blocked_s over wall_s), ``max_staleness_seen``, on async rows
+``time_to_diloco_s`` and ``x_diloco_wall`` (to the final loss of the DiLoCo row with the same throttling,
+and that over DiLoCo's wall-clock), ``startup_s``
 (launch to the first update), ``val_curve`` ([seconds since launch, val_loss]) and ``command``.
 A variant whose flags Train.py refuses is a row with ``error``, its one-line refusal. Rows already
 in ``--out``'s file, measured with the same settings, are kept unless run again, so variants that
@@ -106,11 +108,22 @@ def refusal(output: str) -> str:
 
 
 def with_targets(rows: list[dict]) -> tuple[float | None, list[dict]]:
-    """The target (1.02 x the unthrottled grad row's final loss) and every row's time to it."""
+    """The target (1.02 x the unthrottled grad row's final loss) and every row's time to it; async rows also
+    their time to the final loss of synchronous DiLoCo's row with the same throttling, and that over its wall
+    (the asynchronous server's goal: <= 0.8)."""
     grad = next((r for r in rows if r["variant"] == "grad" and not r["throttled"]
                  and r.get("final_val_loss") is not None), None)
     target = TARGET_FACTOR * grad["final_val_loss"] if grad else None
-    return target, [{**r, "time_to_target_s": time_to_target(r.get("val_curve") or [], target)} for r in rows]
+    rows = [{**r, "time_to_target_s": time_to_target(r.get("val_curve") or [], target)} for r in rows]
+    return target, [{**r, **against_diloco(r, rows)} if r["variant"] == "async" else r for r in rows]
+
+
+def against_diloco(row: dict, rows: list[dict]) -> dict:
+    """``time_to_diloco_s`` and ``x_diloco_wall`` of an async row (None without a DiLoCo row to match)."""
+    diloco = next((r for r in rows if r["variant"] == "diloco" and r["throttled"] == row["throttled"]
+                   and r.get("final_val_loss") is not None), None)
+    seconds = time_to_target(row.get("val_curve") or [], diloco["final_val_loss"]) if diloco else None
+    return {"time_to_diloco_s": seconds, "x_diloco_wall": seconds / diloco["wall_s"] if seconds else None}
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
@@ -127,7 +140,7 @@ def format_table(rows: list[dict]) -> str:
         return "-" if value is None else format(value, spec)
 
     lines = [f"{'variant':<14} {'throttled':>9} {'samples':>7} {'val loss':>8} {'wall s':>7} {'to target s':>11} "
-             f"{'MB sent':>8} {'blocked':>7} {'stale':>5}"]
+             f"{'MB sent':>8} {'blocked':>7} {'stale':>5} {'x diloco':>8}"]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['variant']:<14} {str(r['throttled']):>9} {r['samples']:>7}  error: {r['error']}")
@@ -136,7 +149,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['variant']:<14} {str(r['throttled']):>9} {r['samples']:>7} "
                      f"{cell(r['final_val_loss'], '8.4f')} {cell(r['wall_s'], '7.1f')} "
                      f"{cell(r['time_to_target_s'], '11.1f')} {cell(mb, '8.2f')} "
-                     f"{cell(r['blocked_frac'], '7.3f')} {cell(r['max_staleness_seen'], '5d')}")
+                     f"{cell(r['blocked_frac'], '7.3f')} {cell(r['max_staleness_seen'], '5d')} "
+                     f"{cell(r.get('x_diloco_wall'), '8.3f')}")
     return "\n".join(lines)
 
 
