@@ -189,7 +189,7 @@ def test_updates_set_aside_to_run_ahead_of_an_answer_are_counted_by_the_push_aft
     grants.share_out([0, 1], 0.0)
     grants.reserve(0, 8)
     grants.deliver(0, 10, ahead=True)
-    assert grants.grant(0, 1.0, {0, 1}) == 10 and grants.left == 100 - 30 - 8
+    assert grants.grant(0, 1.0, {0, 1}) == 10 and grants.left == 100 - 30 and grants.window == [0, 0]   # covered
     grants.current[0] = 5                       # granted 5, it ran 8 ahead before it had the answer: it pushes 8
     grants.deliver(0, 8)
     assert grants.given == [23, 10] and grants.window == [0, 0] and grants.left == 100 - 33
@@ -200,23 +200,24 @@ def test_updates_set_aside_to_run_ahead_of_an_answer_are_counted_by_the_push_aft
 
 def test_a_push_that_ran_ahead_is_answered_with_its_window_when_the_budget_ends_then_parks_with_the_others():
     """--outer-delay 2, K = 4, S = 1, a budget of 16 updates: every answer sets 2 updates aside for after the next
-    push; where the budget ends, a push whose worker runs ahead is granted those, and its next push parks."""
+    push, and a grant counts from the push, its window inside it; where the budget ends, a push whose worker runs
+    ahead is granted its window, and its next push parks."""
     server = ParameterServer(2, OuterOptimizer(), every=4, max_staleness=1, plan=Plan(16), hold=0, ahead=2)
     joined = [a for rank in range(2) for a in server.join(rank, {"anchor": [torch.zeros(3)]} if rank == 0 else None)]
     assert [(a["grant"], a["ahead"]) for _, a in joined] == [(4, 2), (4, 2)]
     [(rank, first)] = server.push(0, 4, 4, delta(0.1), ahead=2)           # applied alone: 1 version ahead of 1
-    assert rank == 0 and (first["grant"], first["ahead"]) == (4, 0)       # 4 of the 4 left: nothing to set aside
+    assert rank == 0 and (first["grant"], first["ahead"]) == (4, 2)       # its 2 ahead are inside the 4
+    assert server.grants.window == [0, 0] and server.grants.left == 0     # granted or set aside, none twice
     [(rank, last)] = server.push(1, 4, 4, delta(0.1), ahead=2)            # the budget is all granted or set aside
     assert rank == 1 and (last["grant"], last["ahead"], last["parked"]) == (2, 0, False)    # its window of 2
     assert server.push(1, 6, 2, delta(0.1)) == []                         # parked: it waits for worker 0
-    released = server.push(0, 8, 4, delta(0.1))         # worker 0 ran its 2 ahead inside its grant of 4: back
-    assert sorted((r, a["final"], a["grant"]) for r, a in released) == [(0, False, 1), (1, False, 1)]
-    assert server.push(0, 9, 1, delta(0.1)) == []
-    final = server.push(1, 7, 1, delta(0.1))
+    [(rank, window)] = server.push(0, 8, 4, delta(0.1), ahead=2)          # ran its 4, then 2 ahead: its window
+    assert rank == 0 and (window["grant"], window["ahead"], window["final"]) == (2, 0, False)
+    final = server.push(0, 10, 2, delta(0.1))
     assert sorted((r, a["final"], a["grant"]) for r, a in final) == [(0, True, 0), (1, True, 0)]
-    assert server.grants.given == [9, 7] and server.applied == 16 and server.grants.left == 0
+    assert server.grants.given == [10, 6] and server.applied == 16 and server.grants.left == 0
     with pytest.raises(RuntimeError, match="ran 2 updates ahead"):
-        server.push(0, 11, 2, delta(0.1), park=True, ahead=2)
+        server.push(0, 12, 2, delta(0.1), park=True, ahead=2)
 
 
 def served(speeds: tuple[float, ...], plan: Plan) -> tuple[ParameterServer, list[tuple[int, dict]]]:

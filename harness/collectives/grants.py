@@ -52,7 +52,7 @@ class Grants:
     ``proportional`` False: K each out of each worker's equal share (S = 0). Per worker: ``given``, the
     updates it has run or is running (a checkpoint's record of the budget spent), ``current``, its running
     grant, ``ahead``, the updates set aside for it to run after its next push before that push's answer, and
-    ``window``, those of its last push, until the push after it is delivered (--outer-delay), ``rates``
+    ``window``, those of its last push not yet covered by a grant (--outer-delay), ``rates``
     (updates a second, None until measured) and ``since``, when it started its running grant (on the
     server's clock)."""
     budget: int
@@ -101,7 +101,8 @@ class Grants:
         """The updates worker ``rank``, answered alone, is to run from ``now`` before its next push (0: none
         left); ``active``: the workers that will still take grants (not parked), for its share of the rest."""
         if self.proportional:
-            granted = self._absorb(min(self._proportional(rank, now, active), self.left))
+            available = self.left + self.window[rank]
+            granted = self._absorb(min(self._proportional(rank, now, active), available), available)
         else:
             granted = self._own(rank)
         self._give(rank, granted, now)
@@ -121,7 +122,8 @@ class Grants:
         are then whole down to the budget's end, rather than leaving a few updates for a round of their own
         (an outer step, whose momentum moves the anchor as far as a whole round's: 2.71 to 2.82 on the bench)."""
         if self.proportional:
-            total = self._absorb(min(self.every * len(ranks), self.left))
+            available = self.left + sum(self.window[r] for r in ranks)
+            total = self._absorb(min(self.every * len(ranks), available), available)
             measured = all(self.rates[r] is not None for r in ranks)
             grants = apportion(total, [self.rates[r] if measured else 1.0 for r in ranks])
         else:
@@ -134,12 +136,16 @@ class Grants:
         """S = 0: K out of the worker's own equal share of the budget."""
         return min(self.every, self.budget // self.workers - self.given[rank])
 
-    def _absorb(self, granted: int) -> int:
-        """``granted``, or all that is left where that would leave a remainder under K / CRUMB."""
-        return self.left if self.left - granted < self.every / CRUMB else granted
+    def _absorb(self, granted: int, available: int) -> int:
+        """``granted``, or all that is ``available`` where that would leave a remainder under K / CRUMB."""
+        return available if available - granted < self.every / CRUMB else granted
 
     def _give(self, rank: int, granted: int, now: float) -> None:
+        """A grant counts from the worker's push, so the updates it ran ahead of the answer (its window) are
+        part of it: the window keeps only what the grant does not cover. (Counted in both, they held the
+        budget twice near its end, and the last round came in two halves, each with its exchange exposed.)"""
         self.given[rank] += granted
+        self.window[rank] = max(0, self.window[rank] - granted)
         self.current[rank], self.since[rank] = granted, now
 
     def _proportional(self, rank: int, now: float, active: set[int]) -> int:
@@ -150,7 +156,7 @@ class Grants:
         mine = self.rates[rank]
         want = self.every * mine * len(rates) / sum(rates)
         running = sum(max(0.0, self.current[r] - self.rates[r] * (now - self.since[r])) for r in active - {rank})
-        share = mine * (self.left + running) / sum(rates)
+        share = mine * (self.left + self.window[rank] + running) / sum(rates)
         return max(1, round(min(want, share)))
 
     def fastest(self, otherwise: int) -> int:
