@@ -101,7 +101,7 @@ class Grants:
         """The updates worker ``rank``, answered alone, is to run from ``now`` before its next push (0: none
         left); ``active``: the workers that will still take grants (not parked), for its share of the rest."""
         if self.proportional:
-            available = self.left + self.window[rank]
+            available = self._available([rank])
             granted = self._absorb(min(self._proportional(rank, now, active), available), available)
         else:
             granted = self._own(rank)
@@ -122,7 +122,7 @@ class Grants:
         are then whole down to the budget's end, rather than leaving a few updates for a round of their own
         (an outer step, whose momentum moves the anchor as far as a whole round's: 2.71 to 2.82 on the bench)."""
         if self.proportional:
-            available = self.left + sum(self.window[r] for r in ranks)
+            available = self._available(ranks)
             total = self._absorb(min(self.every * len(ranks), available), available)
             measured = all(self.rates[r] is not None for r in ranks)
             grants = apportion(total, [self.rates[r] if measured else 1.0 for r in ranks])
@@ -135,6 +135,10 @@ class Grants:
     def _own(self, rank: int) -> int:
         """S = 0: K out of the worker's own equal share of the budget."""
         return min(self.every, self.budget // self.workers - self.given[rank])
+
+    def _available(self, ranks: list[int]) -> int:
+        """What grants to ``ranks`` may take: the budget left, and their windows, which a grant covers (``_give``)."""
+        return self.left + sum(self.window[r] for r in ranks)
 
     def _absorb(self, granted: int, available: int) -> int:
         """``granted``, or all that is ``available`` where that would leave a remainder under K / CRUMB."""
@@ -156,7 +160,7 @@ class Grants:
         mine = self.rates[rank]
         want = self.every * mine * len(rates) / sum(rates)
         running = sum(max(0.0, self.current[r] - self.rates[r] * (now - self.since[r])) for r in active - {rank})
-        share = mine * (self.left + self.window[rank] + running) / sum(rates)
+        share = mine * (self._available([rank]) + running) / sum(rates)
         return max(1, round(min(want, share)))
 
     def fastest(self, otherwise: int) -> int:
