@@ -120,6 +120,8 @@ def main() -> None:
     p.add_argument("--wrap", choices=WRAPS, required=True)
     p.add_argument("--steps", type=int, default=30, help="timed updates (after 10 of warm-up)")
     p.add_argument("--tokens", type=Path, help="a folder with nanoGPT's train.bin (gpt-nanogpt)")
+    p.add_argument("--grad-accum", type=int, help="micro-batches per update (default: the model's recipe, 4 for "
+                                                  "gpt-nanogpt)")
     args = p.parse_args()
     import torch
     import torch.distributed as dist
@@ -130,6 +132,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     model, optimizer_spec, batch, accum, loss_fn = resnet50(rank) if args.model == "resnet50" else \
         gpt_nanogpt(rank, args.tokens)
+    accum = args.grad_accum or accum
     module, optimizer, no_sync = wrap(args.wrap, model, optimizer_spec, accum)
     following = [batch()]
 

@@ -13,7 +13,8 @@ an MLP of 4 layers of 1024 on digits (2.2M parameters) with AdamW: two fp32 mome
 ``torch-zero`` (DDP + torch's ZeroRedundancyOptimizer) and ``fsdp2`` (fully_shard,
 reshard_after_forward=False). Every row there has ``peak_mb`` = the largest rank's peak allocated
 (Train.py: at its first update, graph and optimizer state made; torchrun: at the run's end) and
-``peak_reserved_mb``.
+``peak_reserved_mb``. ``--grad-accum A`` runs every one of those rows with A micro-batches of 16 an update instead
+of the recipe's 4 (what --zero 2's reduce-scatter of every micro-batch costs against DDP's one all-reduce).
 
     python -m scripts.bench.zero --out bench/results/DATE-cpu2-zero --workers 2,4,8
     python -m scripts.bench.zero --out bench/results/DATE-DEVICE-zero --workers 2 --gpus --peers
@@ -50,17 +51,20 @@ def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], mo
 PEERS = (("ddp", 0), ("torch-zero", 1), ("fsdp2", 2))      # torchrun's variant and the --zero it matches
 
 
-def gpt_flags(workers: int, tokens: Path) -> list[str]:
-    """Train.py's flags for GPT-2 124M on nanoGPT's model and recipe, one worker per GPU."""
+def gpt_flags(workers: int, tokens: Path, accum: int | None) -> list[str]:
+    """Train.py's flags for GPT-2 124M on nanoGPT's model and recipe, one worker per GPU; ``accum``: another
+    number of micro-batches per update than the recipe's 4."""
     return ["--gpus", ",".join(map(str, range(workers))), "--model", "scripts.bench.nanogpt_model:gpt2",
             "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
-            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE]
+            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE,
+            *(["--grad-accum", str(accum)] if accum else [])]
 
 
-def peer_row(workers: int, wrap: str, zero: int, steps: int, tokens: Path) -> dict:
+def peer_row(workers: int, wrap: str, zero: int, steps: int, tokens: Path, accum: int | None) -> dict:
     """The same GPT under torchrun and ``wrap`` (scripts/bench/peers.py)."""
     measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
-                           "--steps", str(steps), "--tokens", str(tokens))
+                           "--steps", str(steps), "--tokens", str(tokens),
+                           *(["--grad-accum", str(accum)] if accum else []))
     return {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
             **{k: measured[k] for k in ("param_mb", "grad_mb", "optimizer_mb", "step_ms")},
             "peak_mb": measured["peak_allocated_mb"], "peak_reserved_mb": measured["peak_mb"], "device": device()}
@@ -73,10 +77,11 @@ def measure(rows: list[dict], workers: int, args: argparse.Namespace) -> None:
         tokens = make_tokens(args.out / "tokens")
         for zero in args.zero if "harness" in args.variants.split(",") else ():
             record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": "harness"},
-                       lambda: row(workers, zero, args.steps, logs, gpt_flags(workers, tokens), "gpt-nanogpt"))
+                       lambda: row(workers, zero, args.steps, logs, gpt_flags(workers, tokens, args.grad_accum),
+                                          "gpt-nanogpt"))
         for wrap, zero in (p for p in PEERS if p[0] in args.variants.split(",")):
             record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap},
-                       lambda: peer_row(workers, wrap, zero, args.steps, tokens))
+                       lambda: peer_row(workers, wrap, zero, args.steps, tokens, args.grad_accum))
         return
     where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
     for zero, replica in [(z, False) for z in args.zero] + [(z, True) for z in args.zero if z and args.replica]:
@@ -96,6 +101,8 @@ def main() -> None:
     p.add_argument("--replica", action="store_true",
                    help="also --zero 1 and 2 with --heal on (each shard replicated on the next worker; row replica true)")
     p.add_argument("--variants", default="harness,ddp,torch-zero,fsdp2", help="with --peers: which rows")
+    p.add_argument("--grad-accum", type=int, help="with --peers: micro-batches per update, every row (default: "
+                                                  "nanoGPT's recipe, 4)")
     p.add_argument("--zero", default="0,1,2", help="the harness rows' --zero stages, comma-separated (default 0,1,2)")
     args = p.parse_args()
     args.zero = [int(z) for z in args.zero.split(",")]
