@@ -12,7 +12,7 @@ import torch
 
 from harness.checkout.datasets import DataError, check_data, open_data
 from harness.checkout.datasets.imagefolder import random_resized_crop
-from harness.data.pipeline import Seeded, ShardSampler, StreamedBatches, evaluation_batches
+from harness.data.pipeline import EvaluationBatches, Seeded, ShardSampler, StreamedBatches, evaluation_batches
 from tests.helpers.data_files import make_token_files
 from tests.helpers.processes import descendants, wait_gone
 
@@ -115,6 +115,24 @@ def test_evaluation_batches_cover_every_sample_once(tokens):
     seen = {rank: [index[tuple(row.tolist())] for x, _ in evaluation_batches(val, rank, 3, 4, torch.device("cpu"))
                    for row in x] for rank in range(3)}
     assert seen == {rank: list(range(rank, 25, 3)) for rank in range(3)}     # each sample once, rank r every 3rd
+
+
+def test_evaluation_passes_load_in_the_process_forked_when_made(tokens):
+    """Each pass is evaluation_batches' share, from the loader process EvaluationBatches forked when it was made."""
+    val = open_data("tokens", str(tokens), block_size=32, vocab_size=64, val_windows=25).val
+    evaluation = EvaluationBatches(val, 4, torch.device("cpu"), workers=1)
+    try:
+        forked = set(descendants(os.getpid()))
+        for share in ((1, 3), (0, 1)):              # a rank's share, then the whole split (--mode async)
+            passed = evaluation(*share, [])
+            got = [next(passed)]
+            assert set(descendants(os.getpid())) == forked     # the pass forked nothing
+            got += passed
+            expected = list(evaluation_batches(val, *share, 4, torch.device("cpu")))
+            assert len(got) == len(expected) and all(torch.equal(a, b) for g, e in zip(got, expected)
+                                                     for a, b in zip(g, e))
+    finally:
+        evaluation.close()
 
 
 def test_check_data_reports_facts_without_generating_synthetic_data():

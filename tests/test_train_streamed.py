@@ -1,6 +1,6 @@
 """Train.py on streamed data end to end, on CPU workers: exact mid-epoch resume for every kind of
-streamed dataset, one-line errors for bad data, a corrupt file met mid-run, the memory bound, and
-Hugging Face's `datasets` package left to user code."""
+streamed dataset, one-line errors for bad data, a corrupt file met mid-run, the memory bound, validation's
+loader processes forked once, and Hugging Face's `datasets` package left to user code."""
 from __future__ import annotations
 
 import json
@@ -161,6 +161,17 @@ def test_worker_memory_does_not_grow_with_the_token_file(tmp_path):
         memory[name] = max(r["memory_mb"] for r in results)
     assert memory["small"] > 50                      # it measured something: torch alone is more
     assert abs(memory["large"] - memory["small"]) < 100, memory
+
+
+def test_every_validation_of_a_rank_loads_in_the_loader_process_forked_at_its_start(tmp_path):
+    """3 epochs, each validated: each rank's validation samples are loaded by one process, forked before the
+    communicator (harness/data/pipeline.py: EvaluationBatches says how a later fork hangs a run)."""
+    user = "tests.helpers.user_code"
+    run_train(tmp_path, "--model", f"{user}:linear", "--dataset", f"{user}:loads", "--loss", f"{user}:mse",
+              "--data-dir", str(tmp_path), "--batch-size", "32", "--epochs", "3", "--cpu-workers", "2",
+              "--data-workers", "1")
+    loaders = set((tmp_path / "val.pids").read_text().split()) - {str(os.getpid())}     # not the parent's checks
+    assert len(loaders) == 2
 
 
 def test_user_code_gets_hugging_face_datasets_in_the_parent_and_every_child(tmp_path):

@@ -11,6 +11,8 @@ checkpoint records.
   the copy to the GPU of batch k+1 runs on a side stream while step k computes (``to_device``).
   Workers are forked from the training process: they never touch CUDA or the control plane, and
   fork makes their start-up, which the first step waits for, nearly free.
+* ``EvaluationBatches``: a validation split's passes, through loader processes forked once, before the
+  training loop's communicator (a fork after it can hang: its docstring says why).
 
 Every sample is drawn under its own seed (``Seeded``), derived from (seed, epoch, index): random
 crops and flips come out the same whichever loader process decodes the sample and whether or not
@@ -164,6 +166,57 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
     loader = _loader(subset, device, workers, batch_size=batch, collate_fn=Collate(getattr(split, "collate", None)))
     yield from handed_out(iter(loader), lambda batches: to_device(batches, device, split),
                           failures if failures is not None else [])
+
+
+class EvaluationSampler(torch.utils.data.Sampler):
+    """``evaluation_batches``' keys for a persistent loader: batches of ``(index, index)`` for samples rank,
+    rank + world, ... of n, in order. ``share`` = (rank, world) is set before each pass; None (while the
+    loader processes start) is no sample at all."""
+
+    def __init__(self, n: int, batch: int):
+        self.n, self.batch = n, batch
+        self.share: tuple[int, int] | None = None
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        if self.share is None:
+            return
+        mine = range(self.share[0], self.n, self.share[1])
+        for start in range(0, len(mine), self.batch):
+            yield [(i, i) for i in mine[start:start + self.batch]]
+
+
+class EvaluationBatches:
+    """A validation split's ``evaluation_batches``, pass after pass (``__call__``), from loader processes
+    forked once, when this is made, and kept for the run (a streamed split with ``workers``; otherwise
+    each pass is ``evaluation_batches`` in this process).
+
+    The training loop makes this before its communicator, because a fork once gloo runs can hang the
+    run: a gloo thread that frees a finished collective's tensors takes the GIL from C++, and creating
+    its thread state holds the interpreter's thread-state lock for an instant; a process forked then
+    inherits the lock held and, on a CPython without the fix for gh-112275 (3.11.7 among them), waits
+    for it forever before it runs a line. Its rank then waits for the first batch, and the others in the
+    next collective."""
+
+    def __init__(self, split: Any, batch: int, device: torch.device, workers: int):
+        self.split, self.batch, self.device = split, batch, device
+        self.sampler = EvaluationSampler(len(split), batch)
+        self.loader = _loader(Seeded(split), device, workers, batch_sampler=self.sampler,
+                              collate_fn=Collate(getattr(split, "collate", None))) \
+            if is_streamed(split) and workers else None
+        self._iterator = iter(self.loader) if self.loader is not None else None     # forks them, idle
+
+    def __call__(self, rank: int, world: int, failures: list[dict]) -> Iterator[Batch]:
+        """Share ``(rank, world)`` of the split; samples that fail to load are added to ``failures``."""
+        if self.loader is None:
+            return evaluation_batches(self.split, rank, world, self.batch, self.device, 0, failures)
+        self.sampler.share = (rank, world)
+        self._iterator = iter(self.loader)      # persistent workers: reused, told the new share
+        return handed_out(self._iterator, lambda batches: to_device(batches, self.device, self.split), failures)
+
+    def close(self) -> None:
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -> torch.utils.data.DataLoader:

@@ -35,7 +35,7 @@ from harness.collectives.shards import Replica, ShardLayout
 from harness.control import timeline
 from harness.control.errors import PeerFailed
 from harness.data.bad_samples import Tally
-from harness.data.pipeline import evaluation_batches
+from harness.data.pipeline import EvaluationBatches
 from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state, to_host
 from harness.resilience.heal import Salvage, Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
 from harness.resilience.interrupt import StopVote
@@ -115,6 +115,11 @@ class Worker:
         self.bad = Tally(ctx, config.max_bad_samples, alone=self.asynchronous)
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
+        # validation's loaders start now too: never forked once the communicator runs (EvaluationBatches says why)
+        self.evaluation = None if self.data.val is None else \
+            EvaluationBatches(self.data.val, config.batch_size, self.device, config.data_workers)
+        if self.evaluation is not None:
+            ctx.own(self.evaluation)
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
         self.model = make_model(config, self.data.info, self.device)
         self.flat = FlatParameters(self.model, flatten_grads=flat_gradients(config, self.world))
@@ -365,9 +370,7 @@ class Worker:
         # The training batch: a language model's logits (batch x block x vocabulary) are what fills memory.
         # --mode async: the one worker the server asked evaluates the whole split.
         failures: list[dict] = []
-        rank, world = self.sync.evaluation_share(self.rank, self.world)
-        batches = evaluation_batches(self.data.val, rank, world, config.batch_size, self.device,
-                                     config.data_workers, failures)
+        batches = self.evaluation(*self.sync.evaluation_share(self.rank, self.world), failures)
         with self.sync.global_weights():
             totals = torch.tensor(evaluate(self.model, self.forward, batches, lambda: autocast(config, self.device)),
                                   dtype=torch.float64, device=self.device)

@@ -1,7 +1,10 @@
 """Code a user writes and names on Train.py's command line: dataset factories whose samples are dicts
 (a Hugging Face ``datasets.Dataset`` among them), a model that returns its own loss, a regression
-target and a loss of one's own. Train.py's workers import this module from the checkout."""
+target and a loss of one's own, and a dataset that notes which process loads each sample. Train.py's
+workers import this module from the checkout."""
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -101,6 +104,23 @@ class Regression(torch.utils.data.Dataset):
 
 def regression(split: str, data_dir: str | None) -> Regression:
     return Regression(split)
+
+
+class Loads(Regression):
+    """Regression's samples, each load noted in DATA_DIR/SPLIT.pids as the pid of the process that loaded it."""
+
+    def __init__(self, split: str, data_dir: str):
+        super().__init__(split)
+        self.notes = os.path.join(data_dir, f"{split}.pids")
+
+    def __getitem__(self, i: int):
+        with open(self.notes, "a") as notes:
+            notes.write(f"{os.getpid()}\n")
+        return super().__getitem__(i)
+
+
+def loads(split: str, data_dir: str) -> Loads:
+    return Loads(split, data_dir)
 
 
 def linear(info) -> torch.nn.Module:
