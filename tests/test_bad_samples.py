@@ -141,3 +141,25 @@ def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_par
     result = cli("Test.py", "--checkpoint", str(save), env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stderr
     assert f"the validation part carved from {root / 'train'}/ (25%) (6 samples)" in result.stdout
+
+
+def test_in_async_mode_every_worker_names_its_bad_samples_and_one_past_the_limit_stops_and_saves_the_run(
+        images, tmp_path, monkeypatch, capsys):
+    """Async workers count their bad samples alone (they never wait for each other): each logs its own through the
+    server, the first past the limit stops every worker at the next consistent point, where the run saves, and the
+    error names every worker's."""
+    root = damaged(images, tmp_path)
+    save = tmp_path / "m.pt"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    status = Train.main(flags(root, "--mode", "async", "--max-staleness", "1", "--avg-every", "4",
+                              "--max-bad-samples", "1", "--epochs", "20", "--save", str(save),
+                              "--log-dir", str(tmp_path / "log")))
+    err = capsys.readouterr().err
+    assert status == 1, err
+    records = bad_records(tmp_path / "log")
+    assert {r["rank"] for r in records} == {0, 1}
+    assert f"{len({r['path'] for r in records})} bad samples, more than --max-bad-samples 1" in err
+    for path in {r["path"] for r in records}:
+        assert f"{path}: cannot be decoded" in err
+    assert f"continue with --resume {save}" in err
+    assert load_checkpoint(save)["step"] < 20 * 6         # saved where the group stopped, long before the budget's end

@@ -32,6 +32,15 @@ from .flat import FlatParameters
 from .outer import anchored, host
 from .sync import Synchroniser
 
+DIVERGED, BAD_SAMPLES = -1, -2      # why a push stops the run where no signal does: a loss that is not finite, or
+                                    # more bad samples than --max-bad-samples on the pushing worker
+
+
+def to_server(ctx: Any) -> Callable[[dict], None]:
+    """How an async worker's records reach metrics.jsonl: through the parent's server, whatever its rank (the
+    parent reads only rank 0's own sends), without waiting for an answer."""
+    return lambda record: ctx.ask("server", ("report", record))
+
 
 class Solo(Communicator):
     """A world of one: every collective leaves the tensor as it is (``out``, if given, gets a copy)."""
@@ -80,6 +89,7 @@ class AsyncSynchroniser(Synchroniser):
         self.at_push: list[torch.Tensor] | None = None     # its parameters at a push whose answer it has not taken
         self.waited = 0.0               # seconds it waited for the last answer it took late
         self.diverged = False           # this worker's loss was not finite (ServerVote): the server stops everyone
+        self.bad_samples = False        # this worker met more bad samples than it may skip: the same, but saved
         self.anchor = [t.detach().clone() for t in flat.params]
         self.version, self.stop_why = 0, 0
         self.grant = 0                  # the updates to run after ``pushed_at`` before the next push (0: none, the end)
@@ -146,7 +156,7 @@ class AsyncSynchroniser(Synchroniser):
 
     def report_validation(self, record: dict, send: Callable[[dict], None] | None) -> None:
         """A validation record, to metrics.jsonl through the server (this worker may not be rank 0)."""
-        self.ctx.ask("server", ("report", {**record, "version": self.version, "updates": self.updates}))
+        to_server(self.ctx)({**record, "version": self.version, "updates": self.updates})
 
     def checkpoint_due(self, scheduled: bool) -> bool:
         """When the server has parked every worker for a checkpoint, not on the loop's schedule."""
@@ -164,7 +174,7 @@ class AsyncSynchroniser(Synchroniser):
         at the latest, in ``after_step``."""
         nothing_new = step == self.pushed_at
         delta = None if nothing_new else [(a - p).float().cpu() for a, p in zip(self.anchor, self.flat.params)]
-        why = -1 if self.diverged else self.signal() or 0
+        why = DIVERGED if self.diverged else self.signal() or (BAD_SAMPLES if self.bad_samples else 0)
         ahead = self.ahead if not (park or nothing_new or why) else 0
         body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
                 "ahead": ahead, "waited": self.waited}
@@ -232,8 +242,9 @@ class AsyncSynchroniser(Synchroniser):
 
 class ServerVote:
     """The loop's stop vote in async mode (``poll`` as harness/resilience/interrupt.py's StopVote):
-    a signal or a non-finite loss goes to the server with the next push; every worker stops once the server
-    grants it no more updates, all of them parked at the same consistent point."""
+    a signal, a non-finite loss or this worker's bad samples past the limit (``bad_samples``) go to the server
+    with the next push; every worker stops once the server grants it no more updates, all of them parked at the
+    same consistent point."""
 
     def __init__(self, sync: AsyncSynchroniser):
         self.sync = sync
@@ -241,4 +252,9 @@ class ServerVote:
     def poll(self, step: int, loss: torch.Tensor) -> tuple[int, bool]:
         self.sync.diverged = self.sync.diverged or not bool(torch.isfinite(loss))
         why = self.sync.stopping()
-        return (why, False) if why > 0 else (0, why < 0)
+        return (why, False) if why > 0 else (0, why == DIVERGED)
+
+    def bad_samples(self) -> None:
+        """This worker met more bad samples than the run may skip (it counts alone: harness/data/bad_samples.py's
+        Tally): the run stops at its next push, and saves."""
+        self.sync.bad_samples = True

@@ -35,12 +35,12 @@ worker's own updates, which differ from worker to worker:
   any other but answered only once every worker is parked; parked workers are not waited for (rules 1 and
   2 skip them). Then all of them get the same anchor and version. Once the updates applied pass a multiple
   of a ``save_every``, every push is parked until all are, and the answers say ``save``. Once nothing is
-  left to grant, or a worker's push reports a signal (or a loss that is not finite), every push is parked:
-  each worker's after the updates it was granted. The answers then grant 0, are ``final`` and say ``save``
-  (but after a loss that is not finite), and at the run's end (not at a stop) ask the fastest worker to
-  ``validate`` the final anchor. Every worker is granted at least one update at any other release (a
-  checkpoint is not made with fewer updates left than workers); where it cannot be (a resume with fewer
-  left), a worker granted 0 parks until the final release, so that every worker saves at every release.
+  left to grant, or a worker's push reports a signal (or a loss that is not finite, or more bad samples than it
+  may skip), every push is parked: each worker's after the updates it was granted. The answers then grant 0,
+  are ``final`` and say ``save`` (but after a loss that is not finite), and at the run's end (not at a stop) ask
+  the fastest worker to ``validate`` the final anchor. Every worker is granted at least one update at any other
+  release (a checkpoint is not made with fewer updates left than workers); where it cannot be (a resume with
+  fewer left), a worker granted 0 parks until the final release, so that every worker saves at every release.
 
 With --outer-delay D (``ahead``) a worker does not wait for its push's answer: it trains on, for up to D
 updates (set aside by the answer before: harness/collectives/grants.py), until it takes the answer and
@@ -129,7 +129,8 @@ class ParameterServer:
         self.pending: list[Push] = []
         self.parked: set[int] = set()
         self.joined: dict[int, dict | None] = {}
-        self.stop_why = 0               # the signal that stops the run, or -1: a worker's loss was not finite
+        self.stop_why = 0               # the signal that stops the run, or -1: a worker's loss was not finite, or -2: a
+                                        # worker met more bad samples than --max-bad-samples (async_worker.py)
         self.saving = False             # a checkpoint is due: every push parks until all have
         self.saved = 0                  # the updates applied at the last checkpoint
         self.validator: int | None = None       # the worker to ask for a validation in its next answer

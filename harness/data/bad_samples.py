@@ -115,10 +115,14 @@ class Tally:
     """The run's bad samples on one rank: ``add`` what this rank met, ``after_update`` each update (it
     gathers every rank's every EXCHANGE_EVERY updates), ``gather`` at the run's end, ``check`` once
     the stop is saved. ``limit``: the distinct bad samples a run may skip. ``alone``: this rank counts
-    only its own and gathers with nobody (--mode async, whose workers must never wait for each other)."""
+    only its own and gathers with nobody while the run goes on (--mode async, whose workers must never wait for
+    each other), logging its own through ``report`` (a record for metrics.jsonl: async's workers reach it
+    through the server); at the run's end, where every worker stands at the server's final release, the ranks
+    gather their counts, so the verdict and rank 0's error name every rank's."""
 
-    def __init__(self, ctx: Any, limit: int, alone: bool = False):
+    def __init__(self, ctx: Any, limit: int, alone: bool = False, report: Callable[[dict], None] | None = None):
         self.ctx, self.limit, self.alone = ctx, limit, alone
+        self.report = report or ctx.send
         self.mine: list[dict] = []                   # met on this rank since the last gathering
         self.distinct: dict[tuple, dict] = {}        # every rank's, each sample once
 
@@ -136,21 +140,26 @@ class Tally:
             handed.clear()
         return self.gather(step) if step % EXCHANGE_EVERY == 0 else None
 
-    def gather(self, step: int) -> str | None:
+    def gather(self, step: int, final: bool = False) -> str | None:
         """Every rank's failures since the last gathering (every rank calls this at the same update,
-        ``step``); rank 0 logs each. Returns why the run must stop, or None."""
+        ``step``; alone, this rank's own, and every rank's count too where ``final``); each failure is logged
+        once, by rank 0 (alone: by the rank that met it). Returns why the run must stop, or None."""
         mine, self.mine = self.mine, []
         if self.ctx.world_size == 1 or self.alone:
-            every = [mine]
+            every = {self.ctx.rank: mine}
         else:
-            every = self.ctx.exchange(self.ctx.unique_tag("bad-samples"), mine)
-        for rank, failures in enumerate(every) if not self.alone else [(self.ctx.rank, mine)]:
+            every = dict(enumerate(self.ctx.exchange(self.ctx.unique_tag("bad-samples"), mine)))
+        for rank, failures in every.items():
             for failure in failures:
                 self.distinct.setdefault(_key(failure), failure)
-                if self.ctx.rank == 0:      # (alone: rank 0 logs its own only)
-                    self.ctx.send({"event": "bad_sample", "step": step, "rank": rank, **failure})
+                if self.ctx.rank == 0 or self.alone:
+                    self.report({"event": "bad_sample", "step": step, "rank": rank, **failure})
                     self.ctx.print(f"skipped a bad sample (update {failure['update']}): {where(failure)}: "
                                    f"{failure['error']}")
+        if final and self.alone and self.ctx.world_size > 1:
+            for seen in self.ctx.exchange(self.ctx.unique_tag("bad-samples"), list(self.distinct.values())):
+                for failure in seen:
+                    self.distinct.setdefault(_key(failure), failure)
         if len(self.distinct) > self.limit:
             return f"{len(self.distinct)} bad samples, more than --max-bad-samples {self.limit}"
         return None

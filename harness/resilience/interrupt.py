@@ -105,3 +105,7 @@ class StopVote:
             self._cast.record()
         self._pending = True
         return agreed, diverged
+
+    def bad_samples(self) -> None:
+        """Nothing: the ranks gather their bad samples (harness/data/bad_samples.py's Tally) and so decide the
+        same stop at the same update."""

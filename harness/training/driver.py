@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from harness.control import timeline
 from harness.launch.cluster import detect
@@ -197,8 +197,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
                 continue
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
-            for served in server.drain() if server is not None else ():
-                progress.handle(served)
+            served_records(server, progress)
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
@@ -208,3 +207,12 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     except ChildFailed:
         kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
         raise
+    finally:
+        served_records(server, progress)    # what the workers reported last, also before an error (bad samples)
+
+
+def served_records(server: Any, progress: Progress) -> None:
+    """--mode async: the records the server took since the last call (outer_sync, the workers' validations and
+    bad samples), logged."""
+    for served in server.drain() if server is not None else ():
+        progress.handle(served)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from harness.collectives import nccl, ncclstop
-from harness.collectives.async_worker import ServerVote, Solo
+from harness.collectives.async_worker import ServerVote, Solo, to_server
 from harness.collectives.flat import FlatParameters
 from harness.collectives.shards import Replica, ShardLayout
 from harness.control import timeline
@@ -112,7 +112,8 @@ class Worker:
             self.state = RunState()
         self.batches = make_batches(self.data.train, config, self.rank, self.world, self.device)
         # samples that failed to load: logged, counted (async mode: by each rank alone, no exchange to wait in)
-        self.bad = Tally(ctx, config.max_bad_samples, alone=self.asynchronous)
+        self.bad = Tally(ctx, config.max_bad_samples, alone=self.asynchronous,
+                         report=to_server(ctx) if self.asynchronous else None)
         ctx.own(self.batches)
         self.stream = self.batches.epoch(self.state.epoch, self.state.position)   # loaders start while the model is built
         # validation's loaders start now too: never forked once the communicator runs (EvaluationBatches says why)
@@ -246,8 +247,9 @@ class Worker:
                 if not self.config.heal_in_place:
                     raise
                 self.recover(error)
-        self.state.stop = self.state.stop or self.bad.gather(self.state.step)     # the last updates' bad samples
-        self.sync.finish()
+        self.sync.finish()      # first: an async worker that stopped alone (its bad samples) parks, so the others stop
+        bad = self.bad.gather(self.state.step, final=True)     # the last updates' bad samples: every rank, also one
+        self.state.stop = self.state.stop or bad                # that stopped alone (async), for the exchange in it
         self.saver.wait()
         self.bad.check(self.config.save)        # past --max-bad-samples: the error, now that the stop is saved
         s = self.state
@@ -319,7 +321,10 @@ class Worker:
             self.diverge(f"the loss is not finite by update {s.step}")
         elif s.interrupted and s.stop is None:
             s.stop = f"interrupted by {signal.Signals(s.interrupted).name}"
-        s.stop = s.stop or self.bad.after_update(s.step, self.batches)     # past --max-bad-samples: stop, save
+        bad = self.bad.after_update(s.step, self.batches)      # past --max-bad-samples: stop, save
+        if bad and s.stop is None:
+            s.stop = bad
+            self.vote.bad_samples()         # --mode async: this worker's own count, so the server stops the others
         return loss
 
     def diverge(self, why: str) -> None:
