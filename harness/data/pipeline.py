@@ -144,9 +144,12 @@ class StreamedBatches:
                           self.failures)
 
     def close(self) -> None:
-        shutdown = getattr(self._iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        _shut_down(self._iterator)
+
+
+def evaluation_keys(n: int, rank: int, world: int) -> list[tuple[int, int]]:
+    """``Seeded``'s keys of samples rank, rank + world, ... of n, in order, each seeded with its own index."""
+    return [(i, i) for i in range(rank, n, world)]
 
 
 def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: torch.device,
@@ -162,7 +165,7 @@ def evaluation_batches(split: Any, rank: int, world: int, batch: int, device: to
         return
     # Seeded with fixed keys: a sample's randomness, if any, is the same at every evaluation, and an
     # evaluation in the training process leaves its generators as they were (resume stays exact).
-    subset = torch.utils.data.Subset(Seeded(split), [(i, i) for i in range(rank, len(split), world)])
+    subset = torch.utils.data.Subset(Seeded(split), evaluation_keys(len(split), rank, world))
     loader = _loader(subset, device, workers, batch_size=batch, collate_fn=Collate(getattr(split, "collate", None)))
     yield from handed_out(iter(loader), lambda batches: to_device(batches, device, split),
                           failures if failures is not None else [])
@@ -180,9 +183,9 @@ class EvaluationSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         if self.share is None:
             return
-        mine = range(self.share[0], self.n, self.share[1])
-        for start in range(0, len(mine), self.batch):
-            yield [(i, i) for i in mine[start:start + self.batch]]
+        keys = evaluation_keys(self.n, *self.share)
+        for start in range(0, len(keys), self.batch):
+            yield keys[start:start + self.batch]
 
 
 class EvaluationBatches:
@@ -214,9 +217,14 @@ class EvaluationBatches:
         return handed_out(self._iterator, lambda batches: to_device(batches, self.device, self.split), failures)
 
     def close(self) -> None:
-        shutdown = getattr(self._iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        _shut_down(self._iterator)
+
+
+def _shut_down(iterator: Any) -> None:
+    """End a persistent loader's processes (an iterator of a loader without processes has nothing to end)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _loader(dataset: Any, device: torch.device, workers: int, **batching: Any) -> torch.utils.data.DataLoader:
