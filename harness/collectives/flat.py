@@ -98,10 +98,11 @@ class FlatParameters:
         """Without flat gradients: every trainable parameter's own, zeros made where backward gave it none, so
         the optimizer steps on it (weight decay, momentum) as on a flat buffer's zeroed view, and a world of one
         trains as N workers do."""
-        for param in self._trainable():
+        trainable = self._trainable()
+        for param in trainable:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        return [param.grad for param in self._trainable()]
+        return [param.grad for param in trainable]
 
     def grad_nbytes(self) -> int:
         """What the gradients take: the flat buffers, or what autograd makes for the trainable parameters."""

@@ -56,15 +56,18 @@ def gpt_flags(workers: int, tokens: Path, accum: int | None) -> list[str]:
     number of micro-batches per update than the recipe's 4."""
     return ["--gpus", ",".join(map(str, range(workers))), "--model", "scripts.bench.nanogpt_model:gpt2",
             "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
-            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE,
-            *(["--grad-accum", str(accum)] if accum else [])]
+            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE, *accumulation(accum)]
+
+
+def accumulation(accum: int | None) -> list[str]:
+    """``--grad-accum``, Train.py's and peers.py's, where another number than the recipe's is asked for."""
+    return ["--grad-accum", str(accum)] if accum else []
 
 
 def peer_row(workers: int, wrap: str, zero: int, steps: int, tokens: Path, accum: int | None) -> dict:
     """The same GPT under torchrun and ``wrap`` (scripts/bench/peers.py)."""
     measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
-                           "--steps", str(steps), "--tokens", str(tokens),
-                           *(["--grad-accum", str(accum)] if accum else []))
+                           "--steps", str(steps), "--tokens", str(tokens), *accumulation(accum))
     return {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
             **{k: measured[k] for k in ("param_mb", "grad_mb", "optimizer_mb", "step_ms")},
             "peak_mb": measured["peak_allocated_mb"], "peak_reserved_mb": measured["peak_mb"], "device": device()}
@@ -78,7 +81,7 @@ def measure(rows: list[dict], workers: int, args: argparse.Namespace) -> None:
         for zero in args.zero if "harness" in args.variants.split(",") else ():
             record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": "harness"},
                        lambda: row(workers, zero, args.steps, logs, gpt_flags(workers, tokens, args.grad_accum),
-                                          "gpt-nanogpt"))
+                                   "gpt-nanogpt"))
         for wrap, zero in (p for p in PEERS if p[0] in args.variants.split(",")):
             record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap},
                        lambda: peer_row(workers, wrap, zero, args.steps, tokens, args.grad_accum))
