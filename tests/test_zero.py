@@ -158,10 +158,10 @@ def test_zero_heals_in_place_only_when_asked_on_cpu_and_gpu_workers_alike():
 
 
 def test_a_sharded_heal_finishes_an_update_some_survivor_stepped_on_and_refuses_ranks_an_update_apart():
-    """A survivor whose all-gather failed has stepped but not counted the update; one that was ready to
-    step (its gradients reduced, replicated and clipped) when the last all-reduce failed steps in the heal;
-    one that finished the update and failed afterwards (the stop vote, say) has counted it. Any of those
-    with one that stepped: the group goes back to before the count and finishes that update together. A
+    """A survivor may have stepped but not counted the update; one that was ready to step (its gradients
+    reduced, replicated and clipped) when the last all-reduce failed steps in the heal; one that finished the
+    update and failed afterwards (the stop vote, the next update's all-gather) has counted it. Any of those with
+    one that stepped or counted: the group goes back to before the count and finishes that update together. A
     survivor that was not ready when another had stepped is an update behind: refused. Only the ready ones
     step in the heal: one that had counted the update already stepped on it."""
     def at(step, ready, applied):
@@ -169,10 +169,12 @@ def test_a_sharded_heal_finishes_an_update_some_survivor_stepped_on_and_refuses_
     counted, uncounted, ready, before = at(21, False, False), at(20, True, True), at(20, True, False), at(20, False, False)
     assert agreed_place([counted, (None, None), uncounted]) == (uncounted[0], True, set())    # rank 0 steps no more
     assert agreed_place([ready, uncounted, (None, None)]) == (ready[0], True, {0})
+    assert agreed_place([counted, ready, (None, None)]) == (ready[0], True, {1})
     assert agreed_place([before, (None, None), ready]) == (before[0], False, set())      # nobody stepped: redo it
     assert agreed_place([counted, counted, (None, None)]) == (counted[0], False, set())
-    with pytest.raises(ShardHealRefused, match=r"ranks \[2\] had not applied update 21"):
-        agreed_place([uncounted, (None, None), before])
+    for ahead in (uncounted, counted):
+        with pytest.raises(ShardHealRefused, match=r"ranks \[2\] had not applied update 21"):
+            agreed_place([ahead, (None, None), before])
     with pytest.raises(ShardHealRefused, match="one dead worker at a time"):
         agreed_place([(None, None), (None, None), before])
 

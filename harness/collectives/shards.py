@@ -17,7 +17,11 @@ One update (``ShardedGradients``):
 2. clipping and fp16's overflow check run on the pieces; ``combine`` all-reduces their one scalar each
    (the squared norm, the overflow flag), so every rank clips by the global norm and skips together;
 3. the optimizer updates this rank's pieces of the parameters;
-4. ``after_update`` all-gathers every bucket's pieces back into the flat parameters, in place.
+4. the next update's ``before_forward`` all-gathers every bucket's pieces back into the flat parameters, in
+   place, on the side stream, and the forward waits for each bucket where it first reads it
+   (harness/collectives/prefetch.py), so the all-gather overlaps the forward as FSDP2's prefetch does. Between
+   updates the flat parameters hold the other ranks' pieces of the update before: ``finish`` (called before
+   anything reads them: validation, a checkpoint, the end of the run) gathers them first.
 
 Stage 1 keeps the full flat gradient buffer: autograd accumulates into it, --grad-accum's micro-batches
 too, and only the last one is reduced (``no_sync``), in place: this rank's piece of the gradient is its
@@ -46,6 +50,7 @@ import torch
 
 from .base import Communicator
 from .flat import FlatParameters, Segment, views
+from .prefetch import Prefetch
 from .sync import GradientAveraging, LaunchOrder, bucket_groups
 
 STAGING = 1         # staging buffers, each of the largest staged bucket: one bucket's collective in flight at a time
@@ -198,10 +203,12 @@ class ShardedGradients(GradientAveraging):
     """The synchroniser of --zero ``stage`` (1 or 2) over ``layout`` (see the module's docstring), keeping
     ``replica`` (healing in place) up to date as well. For a heal, how far the update in progress got:
     ``ready``, this rank has all its optimizers need (reduced, replicated, unscaled and clipped
-    gradients); ``applied``, they stepped on them; both end when the loop counts it (``after_step``)."""
+    gradients); ``applied``, they stepped on them; both end when the loop counts it (``after_step``).
+    ``model``: the model whose static forward (a CUDA graph's) the all-gathers overlap; None (--compile, whose
+    graph the waiting hooks would break) gathers before the forward."""
 
     def __init__(self, comm: Communicator, flat: FlatParameters, layout: ShardLayout, stage: int,
-                 replica: Replica | None = None):
+                 replica: Replica | None = None, model: torch.nn.Module | None = None):
         super().__init__(comm, flat)
         if stage not in (1, 2):
             raise ValueError(f"stage={stage}: ZeRO stages are 1 and 2")
@@ -218,6 +225,9 @@ class ShardedGradients(GradientAveraging):
             largest[key] = max(largest.get(key, 0), bucket.piece * bucket.size)
         self.slots = [_Slot(largest) for _ in range(STAGING)]
         self.order = LaunchOrder([b.params for b in layout.buckets], self._reduce, lambda: self.syncing)
+        self.prefetch = Prefetch(model, layout) if model is not None else None
+        self._gathers: dict[int, _Pending] = {}     # the all-gathers in flight, by bucket
+        self._stale = False     # the flat parameters miss the other ranks' pieces of the last update
         self.reset()
 
     def start(self) -> None:
@@ -226,6 +236,9 @@ class ShardedGradients(GradientAveraging):
             self.replica.layout.take_parameters()
 
     def reset(self) -> None:
+        self._gathers = {}
+        if self.prefetch is not None:
+            self.prefetch.stop()
         self.order.reset()
         for slot in self.slots:
             slot.pending = None
@@ -290,12 +303,48 @@ class ShardedGradients(GradientAveraging):
         if unstaged:
             self._direct = pending
 
+    def before_forward(self, static: bool) -> None:
+        """All-gather every bucket's pieces of the last update (see the module's docstring), last bucket first
+        (the forward's first parameters are the buckets' last), the same order on every rank. ``static``: a
+        CUDA graph's forward, which waits for each bucket where the schedule says (and which gathers whatever
+        the host knows: it is recorded once); else all are waited for now, and only if the last update left
+        the parameters stale."""
+        if static or self._stale:
+            for index in reversed(range(len(self.layout.buckets))):
+                self._gathers[index] = self._gather(self.layout.buckets[index])
+        self._stale = False
+        self._wait(self.prefetch.begin(self._wait) if static and self.prefetch is not None else list(self._gathers))
+
+    def _gather(self, bucket: ShardBucket) -> _Pending:
+        """All-gather ``bucket``'s pieces into the flat parameters, in place, or (padded) through a buffer of its
+        own, which the forward's wait copies in."""
+        full = bucket.segment.params[bucket.start:bucket.stop]
+        out = full if not bucket.padded else torch.empty(bucket.piece * bucket.size, dtype=full.dtype, device=full.device)
+        mine = out[self.layout.rank * bucket.piece:(self.layout.rank + 1) * bucket.piece]
+        if bucket.padded:
+            first, last = bucket.owned(self.layout.rank)
+            mine[:last - first].copy_(bucket.segment.params[first:last])
+        work = self.comm.all_gather(out, mine, async_op=True)
+        return _Pending(work, (lambda: full.copy_(out[:full.numel()])) if bucket.padded else (lambda: None))
+
+    def _wait(self, buckets: list[int]) -> None:
+        """The current stream waits for these buckets' all-gathers (those still in flight)."""
+        for index in buckets:
+            pending = self._gathers.pop(index, None)
+            if pending is not None:
+                pending.finish()
+
     def before_backward(self) -> None:
-        """The gradient reduce-scattered where autograd left it is let go (``_let_go``) at the start of each
+        """Every all-gather is waited for by the first backward (a parameter the forward did not read, or a
+        watched forward's end, ``Prefetch.end``). Also: the gradient reduce-scattered where autograd left it is
+        let go (``_let_go``) at the start of each
         backward, not only at the next bucket: the next backward's first operation (a language model's head)
         makes the next gradient of the same tied embedding, at the moment of backward's largest activations.
         Letting it go at the end of each backward instead (FSDP2's choice: the compute stream waits there for
         the reduce-scatter) left GPT-2's peak on 2 x H200 where it was and cost 0.4% of a step."""
+        if self.prefetch is not None:
+            self.prefetch.end()
+        self._wait(list(self._gathers))
         self._let_go()
 
     def _let_go(self) -> None:
@@ -381,30 +430,22 @@ class ShardedGradients(GradientAveraging):
         self.comm.all_reduce(value, op=op)
 
     def after_update(self) -> None:
-        """All-gather every bucket's pieces into the flat parameters, in place (a padded bucket through
-        a staging buffer); the replica's optimizer steps first, on its shard."""
+        """The replica's optimizer steps on its shard; the all-gather waits for the next update (or ``finish``)."""
         self.applied = True
         if self.replica is not None:
             self.replica.optimizer.step()
-        rank = self.layout.rank
-        for bucket in self.layout.buckets:
-            full = bucket.segment.params[bucket.start:bucket.stop]
-            slot = self._slot() if bucket.padded else None
-            out = full if slot is None else slot.take(full, bucket.piece * bucket.size)
-            mine = out[rank * bucket.piece:(rank + 1) * bucket.piece]
-            if slot is not None:
-                first, last = bucket.owned(rank)
-                mine[:last - first].copy_(bucket.segment.params[first:last])
-            work = self.comm.all_gather(out, mine, async_op=True)
-            then = (lambda full=full, out=out: full.copy_(out[:full.numel()])) if slot is not None else (lambda: None)
-            self._keep(_Pending(work, then), slot)
-        for pending in self._open:
-            pending.finish()
         self.reset()
 
     def after_step(self, step: int) -> None:
-        """The loop counted the update (``step`` updates done): none is in progress."""
+        """The loop counted the update (``step`` updates done): none is in progress, and the flat parameters
+        miss its other pieces (the host counts every update, a graph's replays too)."""
         self.ready = self.applied = False
+        self._stale = True
+
+    def finish(self) -> None:
+        """The flat parameters made whole (the last update's all-gather), before anything reads them."""
+        self.before_forward(static=False)
+        super().finish()
 
     def gradient_bytes(self) -> int:
         staging = sum(t.nbytes for slot in self.slots for t in slot.buffers.values())
@@ -415,3 +456,5 @@ class ShardedGradients(GradientAveraging):
     def close(self) -> None:
         self.order.close()
         self.reset()
+        if self.prefetch is not None:
+            self.prefetch.close()

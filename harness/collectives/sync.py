@@ -47,6 +47,10 @@ class Synchroniser:
         """Before an update's first backward."""
         self.flat.zero_grad()
 
+    def before_forward(self, static: bool) -> None:
+        """Before an update's first forward. ``static``: the step replays a recorded forward (a CUDA graph),
+        which reads the parameters in the order the recorded one did (--zero's all-gathers overlap it)."""
+
     def before_backward(self) -> None:
         """After a micro-batch's forward, before its backward."""
 

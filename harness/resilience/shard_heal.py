@@ -8,19 +8,20 @@ replacement for dead rank d is given
 - its replica (of rank d - 1's shard) by rank d - 1, from that rank's own optimizer,
 - the parameters by their owners, bucket by bucket: each rank broadcasts its own pieces, and rank
   d + 1 broadcasts d's from its replica's own copy of them (its flat buffer's range of d's shard is what
-  the interrupted all-gather left there), and every rank's replica then takes its copy from the result.
+  an interrupted all-gather left there), and every rank's replica then takes its copy from the result.
+  That is also the all-gather the last update's pieces were waiting for (the next update's forward).
 
 Where the interrupted update stood: a rank reports its place and whether its optimizers stepped on an
-update the loop had not counted yet (``applied``: the death came in that update's all-gather). The
-update's last collectives before the step are all-reduces every rank enters only once its replica holds
-its predecessor's gradients, so if any rank stepped, every rank got that far, the dead one included: its
-shard's replica stepped too. A sharded optimizer cannot go back, so the group goes on from the last
-update any survivor applied: where one stepped without counting, every rank, the replacement too, first
-finishes that update (counts it, then the stop vote, validation, a save, an epoch's end: what follows an
-update; the heal redid its all-gather); else it goes on from the survivors' common place, redoing an
-update none stepped on. A survivor an update behind the others (a death inside those last all-reduces,
-with three ranks or more) cannot be taken forward, and the heal is refused with an error that says to
-resume from the last checkpoint; so are two replaced ranks (the parent heals one at a time anyway).
+update the loop had not counted yet (``applied``). The update's last collectives before the step are
+all-reduces every rank enters only once its replica holds its predecessor's gradients, so if any rank
+stepped (applied, or counted an update another survivor has not), every rank got that far, the dead one
+included: its shard's replica stepped too. A sharded optimizer cannot go back, so the group goes on from the
+last update any survivor applied: where one stepped on an update another had not counted, the ranks ready
+for it step now, and every rank, the replacement too, first finishes that update (counts it, then the stop
+vote, validation, a save, an epoch's end: what follows an update); else it goes on from the survivors'
+common place, redoing an update none stepped on. A survivor an update behind the others and not ready for
+it cannot be taken forward, and the heal is refused with an error that says to resume from the last
+checkpoint; so are two replaced ranks (the parent heals one at a time anyway).
 """
 from __future__ import annotations
 
@@ -38,8 +39,7 @@ from .heal import Where, broadcast_optimizer
 @dataclass
 class Progress:
     """How far a rank got in the update a death interrupted (ShardedGradients' flags): ``ready``, it had all
-    its optimizers need to step; ``applied``, they stepped, and only the all-gather (and the loop's count)
-    was left."""
+    its optimizers need to step; ``applied``, they stepped, and only the loop's count was left."""
     ready: bool
     applied: bool
 
@@ -75,17 +75,19 @@ def agreed_place(reports: list[tuple[Where | None, Progress | None]]) -> tuple[W
     """Where the group goes on from, given every rank's (place, progress) (None, None on the replacement);
     whether it first finishes the update there: counts it and does what follows an update (the stop
     vote, validation, a save, an epoch's end); and which ranks step on that update first. That is so where a
-    survivor stepped on an update it had not counted (the death came in its all-gather, which the heal
-    redoes): the survivors that were ready for it and had not stepped step now, and a survivor that had
-    counted it (and failed in what followed, or in the next update) goes back to before its count, to do
-    that again with the others, without stepping again. Raises ShardHealRefused unless exactly one rank is
+    survivor stepped on an update another had not counted (a death inside the last all-reduces before the
+    step, which some ranks finished and others did not, with three ranks or more): the survivors that were
+    ready for it and had not stepped step now, and a survivor that had counted it (and failed in what
+    followed, or in the next update's all-gather) goes back to before its count, to do that again with the
+    others, without stepping again. Raises ShardHealRefused unless exactly one rank is
     new and the survivors then stand at the same update (see the module's docstring)."""
     dead = [rank for rank, (place, _) in enumerate(reports) if place is None]
     if len(dead) != 1:
         raise ShardHealRefused(f"--zero heals one dead worker at a time, and ranks {dead} were replaced together; "
                                "resume from the last checkpoint (--resume)")
     survivors = {rank: report for rank, report in enumerate(reports) if rank not in dead}
-    stepped = any(done.applied for _, done in survivors.values())
+    stepped = any(done.applied for _, done in survivors.values()) or \
+        len({place.step for place, _ in survivors.values()}) > 1
     stepping = {rank: done.applied or (stepped and done.ready) for rank, (_, done) in survivors.items()}
     applied = {rank: place.step + stepping[rank] for rank, (place, _) in survivors.items()}
     last = max(applied.values())

@@ -65,6 +65,8 @@ class TrainStep:
     (micro-)batch, the model's forward and the loss in one call (compiled together under --compile).
     A batch is an (x, y) pair, a dict or a tuple of tensors (harness/data/batch.py)."""
 
+    static = False      # whether every update replays the forward of the first (a graph's: Synchroniser.before_forward)
+
     def __init__(self, model: torch.nn.Module, compute: Callable[[Batch], torch.Tensor],
                  optimizer: torch.optim.Optimizer, flat: FlatParameters, sync: Synchroniser,
                  autocast: Callable[[], Any], clip: float | None = None, accum: int = 1, ticket: Any = None,
@@ -87,6 +89,7 @@ class TrainStep:
     def run(self, batch: Batch) -> torch.Tensor:
         """Issue one update: forward, backward, synchronisation, the optimizer's step."""
         self.sync.zero_grad()
+        self.sync.before_forward(self.static)
         parts = [batch] if self.accum == 1 else chunk(batch, self.accum)
         loss = None
         for index, part in enumerate(parts):     # only the last micro-batch's backward synchronises
@@ -200,6 +203,8 @@ class Rewind:
 
 
 class GraphedTrainStep(TrainStep):
+    static = True
+
     def __init__(self, *args: Any, example: Batch, **options: Any):
         """Warm up (real updates, with real collectives, on every rank alike), undo them; ``capture`` next."""
         super().__init__(*args, **options)
