@@ -189,6 +189,25 @@ def test_an_authentic_but_undecodable_reply_is_an_error_not_a_hang(kids, tmp_pat
     assert info.value.rank == 1
 
 
+def test_what_a_child_sent_before_another_failed_is_received_before_the_failure(kids):
+    """Rank 0's records are all in before rank 1 raises, and the parent reads them only then (a driver
+    busy logging): it gets every one, and the failure at the next receive."""
+    def send_then_fail(ctx):
+        if ctx.rank == 0:
+            ctx.send("saved 1")
+            ctx.send("saved 2")
+        if ctx.rank == 1:
+            time.sleep(1.0)
+            raise ValueError("rank 1 fails after rank 0 sent")
+        ctx.receive()       # released by the abort
+
+    kids.exec(send_then_fail)
+    time.sleep(3.0)
+    assert [kids[0].receive(), kids[0].receive()] == ["saved 1", "saved 2"]
+    with pytest.raises(ChildError, match="rank 1 fails after rank 0 sent"):
+        kids[0].receive()
+
+
 def test_what_a_failed_exec_left_behind_does_not_leak_into_the_next(kids):
     def first(ctx):
         if ctx.rank == 1:

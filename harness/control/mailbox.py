@@ -37,17 +37,23 @@ class Mailbox:
 
     def take(self, box: str, ranks: Sequence[int] | None = None) -> list:
         """The next "yield" or "data" of each child of ``ranks`` (default: all), in that order,
-        waiting for them under supervision. A child whose function returned sends nothing more."""
+        waiting for them under supervision. What arrived is handed out before the group's failure is
+        raised (the next take, with nothing there, raises it): a record a worker sent just before another
+        failed (rank 0's "saved", which a restart resumes from) is not lost. A child whose function
+        returned sends nothing more."""
         children = [self._group.children[r] for r in ranks] if ranks is not None else self._group.children
 
         def ready():
+            if all(c.inbox[box] for c in children):
+                return True
+            self._group.check()
             for child in children:
                 if not child.inbox[box] and child.outcome is not None:   # it returned: nothing more will come
                     what = "yield_" if box == "yield" else "send"
                     raise RuntimeError(f"child {child.rank}'s function returned without calling ctx.{what}() "
                                        f"(or not as often as the parent waits for it); nothing will arrive")
-            return all(c.inbox[box] for c in children) or None
-        self._group.wait_for(ready)
+            return None
+        self._group.link.wait_for(ready)
         return [c.inbox[box].popleft() for c in children]
 
     def forget_exchanges(self) -> None:
