@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from harness import ChildError, Parent
+from harness.collectives.async_worker import BAD_SAMPLES
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.grants import Grants
 from harness.collectives.server import HOLD, ParameterServer, Plan
+from harness.data.bad_samples import RunCount
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
@@ -136,6 +138,27 @@ def test_after_a_signal_every_worker_runs_out_its_grant_then_all_stop_together_a
     assert all(a["grant"] == 0 and a["stop_why"] == 15 and a["save"] and a["parked"] for _, a in answers)
     assert answers[0][1]["server"]["updates"] == [4 + answer["grant"], 4]    # the budget spent, per worker
     assert not any(a["validate"] for _, a in answers)                  # a stop is not the run's end
+
+
+def test_bad_samples_that_workers_meet_together_past_the_limit_stop_the_run_and_save():
+    """--max-bad-samples 1: each worker meets one, or the same one twice; only the run's distinct ones count.
+    Past the limit the next pushes park and the release stops every worker, saving (each worker's own count,
+    under the limit, would not have stopped it)."""
+    server = ParameterServer(2, OuterOptimizer(), every=4, max_staleness=1, plan=Plan(1000, saves=True), hold=0,
+                             past_bad_limit=RunCount(1).past)
+    server.join(1, None)
+    server.join(0, {"anchor": [torch.zeros(3)], "version": 0})
+    bad = lambda path: {"event": "bad_sample", "split": "train", "path": path, "index": 3, "error": "truncated"}
+    server.report(0, bad("a.jpg"))
+    server.report(1, bad("a.jpg"))
+    assert server.stop_why == 0
+    server.report(1, bad("b.jpg"))
+    assert server.stop_why == BAD_SAMPLES
+    assert server.push(0, 4, 4, delta(0.1)) == []                   # applied, parked
+    answers = server.push(1, 4, 4, delta(0.1))
+    assert sorted(r for r, _ in answers) == [0, 1]
+    assert all(a["grant"] == 0 and a["stop_why"] == BAD_SAMPLES and a["save"] and a["final"] for _, a in answers)
+    assert [r["path"] for r in server.records if r["event"] == "bad_sample"] == ["a.jpg", "a.jpg", "b.jpg"]
 
 
 def simulated(speeds: tuple[float, ...], budget: int, proportional: bool) -> tuple[list[list[int]], list[float]]:

@@ -61,6 +61,7 @@ from typing import Any, Callable
 
 import torch
 
+from .async_worker import BAD_SAMPLES
 from .grants import Grants
 from .outer import OuterOptimizer
 
@@ -110,17 +111,21 @@ class ParameterServer:
     """The rule of the module's docstring for ``workers`` workers; ``every`` is K; ``clock``: the seconds the
     grants measure speed in; ``hold``: HOLD (0: a push never waits for workers due back; tests of the
     staleness rule alone); ``ahead``: --outer-delay (the updates a worker runs past a push before it takes the
-    answer). ``records`` collects one "outer_sync" record per applied push (and the workers' validation
-    records), for the run's metrics.jsonl."""
+    answer); ``past_bad_limit(record)``: whether a worker's reported record brings the run past
+    --max-bad-samples (harness/data/bad_samples.py's ``RunCount``), which stops it as one worker's own count
+    does. ``records`` collects one "outer_sync" record per applied push (and the workers' validation and bad
+    sample records), for the run's metrics.jsonl."""
 
     def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int, plan: Plan,
-                 clock: Callable[[], float] = time.monotonic, hold: float = HOLD, ahead: int = 0):
+                 clock: Callable[[], float] = time.monotonic, hold: float = HOLD, ahead: int = 0,
+                 past_bad_limit: Callable[[dict], bool] = lambda record: False):
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness}: must be 0 or more (0 is synchronous DiLoCo)")
         if not 0 <= ahead < every:
             raise ValueError(f"ahead={ahead}: must be 0 or more and under K={every}")
         self.workers, self.outer, self.every, self.max_staleness = workers, outer, every, max_staleness
         self.plan, self.clock, self.hold, self.ahead = plan, clock, hold, ahead
+        self.past_bad_limit = past_bad_limit
         self.grants = Grants(plan.budget, every, workers, proportional=max_staleness > 0)
         self.anchor: list[torch.Tensor] | None = None
         self.momentum: list[torch.Tensor] | None = None
@@ -307,9 +312,12 @@ class ParameterServer:
                 "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
 
     def report(self, rank: int, record: dict) -> list[Answer]:
-        """A worker's validation record, stamped with the server's clock (the parent's), for metrics.jsonl. Not
-        answered: the worker sends it without waiting (``ctx.ask``), also while its push's answer is out."""
+        """A worker's record (a validation, a bad sample), stamped with the server's clock (the parent's), for
+        metrics.jsonl. Not answered: the worker sends it without waiting (``ctx.ask``), also while its push's
+        answer is out. A bad sample that brings the run past --max-bad-samples stops it: the next pushes park."""
         self.records.append({**record, "time": time.time(), "rank": rank})
+        if self.past_bad_limit(record):
+            self.stop_why = self.stop_why or BAD_SAMPLES
         return []
 
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:

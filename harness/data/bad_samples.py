@@ -84,6 +84,20 @@ def _key(failure: dict) -> tuple:
     return failure.get("split"), failure.get("path"), failure.get("index")
 
 
+class RunCount:
+    """The run's distinct bad samples from the records every worker reports (--mode async's server counts
+    them, harness/collectives/server.py: each worker's ``Tally`` counts alone, so ranks past the limit
+    together, none alone, are stopped there). ``past(record)``: whether the run is now past ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.seen = limit, set()
+
+    def past(self, record: dict) -> bool:
+        if record.get("event") == "bad_sample":
+            self.seen.add(_key(record))
+        return len(self.seen) > self.limit
+
+
 class Collate:
     """The loader's collate over ``fetch``'s (sample, failures) pairs: the dataset's own collate (torch's
     default where it has none) over the samples, and their failures beside the batch."""
