@@ -131,8 +131,9 @@ class Tally:
     the stop is saved. ``limit``: the distinct bad samples a run may skip. ``alone``: this rank counts
     only its own and gathers with nobody while the run goes on (--mode async, whose workers must never wait for
     each other), logging its own through ``report`` (a record for metrics.jsonl: async's workers reach it
-    through the server); at the run's end, where every worker stands at the server's final release, the ranks
-    gather their counts, so the verdict and rank 0's error name every rank's."""
+    through the server, which counts the run's with ``RunCount`` and stops the run past the limit); at the run's
+    end, where every worker stands at the server's final release, the ranks gather their counts, so the verdict
+    and rank 0's error name every rank's."""
 
     def __init__(self, ctx: Any, limit: int, alone: bool = False, report: Callable[[dict], None] | None = None):
         self.ctx, self.limit, self.alone = ctx, limit, alone
