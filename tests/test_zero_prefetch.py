@@ -7,6 +7,7 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from harness import Parent
 from harness.collectives.async_worker import Solo
@@ -75,6 +76,19 @@ def test_a_watched_forward_leaves_no_hook_and_the_schedule_hooks_only_modules_th
     assert hooks() == {}
 
 
+def test_a_watched_forward_that_raises_leaves_no_watch_once_the_parameters_are_gathered():
+    model = Tangled()
+    flat = FlatParameters(model, flatten_grads=False)
+    sync = ShardedGradients(Solo(), flat, ShardLayout(flat, 1, 0, bucket_mb=TINY_MB), stage=2, model=model)
+    sync.zero_grad()
+    sync.before_forward(static=True)
+    with pytest.raises(IndexError):
+        model(torch.tensor([[10]]))         # past the embedding's 10 rows
+    sync.finish()
+    assert _get_current_dispatch_mode() is None
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+
 def train(ctx, zero: int, static: bool, updates: int = 4) -> dict:
     """``updates`` AdamW updates of ``small_model``, clipped, two micro-batches each, on this rank's batches;
     ``static``: the step's forward counts as replayed, so --zero's all-gathers overlap it by the schedule."""
@@ -96,8 +110,10 @@ def train(ctx, zero: int, static: bool, updates: int = 4) -> dict:
         step((torch.randn(16, 20, generator=generator), torch.randn(16, 5, generator=generator)))
         sync.after_step(0)
     sync.finish()
-    at = sync.prefetch.schedule.at if static and zero else {}
-    return {"params": [p.detach().clone() for p in flat.params], "hooked": len(at)}
+    schedule = sync.prefetch.schedule if static and zero else None
+    return {"params": [p.detach().clone() for p in flat.params], "hooked": len(schedule.at) if schedule else 0,
+            "first": schedule.first if schedule else None,
+            "padded": [b.padded for b in layout.buckets] if zero else None}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +130,9 @@ def test_sharded_workers_overlapping_the_all_gather_with_a_static_forward_train_
     overlapped = pair.wait()
     pair.exec(train, zero, False)
     before_forward = pair.wait()
-    assert overlapped[0]["hooked"] >= 2       # buckets waited for inside the forward, not all before it
+    # the schedule puts every bucket at its layer's start, none before the forward: the padded one (the last bias,
+    # 5 elements over 2 ranks) too, whose copy out of the staging slot (before the forward) is no read of it
+    assert overlapped[0]["hooked"] == 3 and overlapped[0]["first"] == [] and any(overlapped[0]["padded"])
     for rank in range(2):
         for got, want, eager in zip(overlapped[rank]["params"], replicas[rank]["params"], before_forward[rank]["params"]):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -118,10 +118,11 @@ class Prefetch:
         self._hooks: list = []
 
     def begin(self, wait: Callable[[list[int]], None]) -> list[int]:
-        if self.schedule is None:
+        if self.schedule is None:       # every bucket whole first: the waits' own copies are no reads of the forward
+            wait(list(range(len(self.layout.buckets))))
             self._watch = ReadOrder(self.model, self.layout)
             self._watch.__enter__()
-            return list(range(len(self.layout.buckets)))
+            return []
         self._wait = wait
         return self.schedule.first
 

@@ -304,28 +304,37 @@ class ShardedGradients(GradientAveraging):
             self._direct = pending
 
     def before_forward(self, static: bool) -> None:
-        """All-gather every bucket's pieces of the last update (see the module's docstring), last bucket first
-        (the forward's first parameters are the buckets' last), the same order on every rank. ``static``: a
-        CUDA graph's forward, which waits for each bucket where the schedule says (and which gathers whatever
-        the host knows: it is recorded once); else all are waited for now, and only if the last update left
-        the parameters stale."""
+        """All-gather every bucket's pieces of the last update (see the module's docstring), the same order on
+        every rank. The padded buckets go first, through the staging slot one at a time, and are copied in
+        before the forward: gathered in place they would overwrite the next bucket with their padding, and
+        a buffer each, alive until the forward reads them, would hold another copy of them through the
+        forward's largest activations. The others follow, last bucket first (the forward's first parameters are
+        the buckets' last). ``static``: a CUDA graph's forward, which waits for each where the schedule says (and
+        which gathers whatever the host knows: it is recorded once); else all are waited for now, and only if
+        the last update left the parameters stale."""
         if static or self._stale:
-            for index in reversed(range(len(self.layout.buckets))):
-                self._gathers[index] = self._gather(self.layout.buckets[index])
+            buckets = self.layout.buckets
+            for index in sorted(reversed(range(len(buckets))), key=lambda i: not buckets[i].padded):
+                self._gathers[index] = self._gather(buckets[index])
         self._stale = False
+        self._wait([index for index in list(self._gathers) if self.layout.buckets[index].padded])
         self._wait(self.prefetch.begin(self._wait) if static and self.prefetch is not None else list(self._gathers))
 
     def _gather(self, bucket: ShardBucket) -> _Pending:
-        """All-gather ``bucket``'s pieces into the flat parameters, in place, or (padded) through a buffer of its
-        own, which the forward's wait copies in."""
+        """All-gather ``bucket``'s pieces into the flat parameters: in place, or (padded) into the staging slot,
+        from which its wait copies them in (``_slot`` first waits for the slot's last collective)."""
         full = bucket.segment.params[bucket.start:bucket.stop]
-        out = full if not bucket.padded else torch.empty(bucket.piece * bucket.size, dtype=full.dtype, device=full.device)
+        slot = self._slot() if bucket.padded else None
+        out = full if slot is None else slot.take(full, bucket.piece * bucket.size)
         mine = out[self.layout.rank * bucket.piece:(self.layout.rank + 1) * bucket.piece]
-        if bucket.padded:
+        if slot is not None:
             first, last = bucket.owned(self.layout.rank)
             mine[:last - first].copy_(bucket.segment.params[first:last])
         work = self.comm.all_gather(out, mine, async_op=True)
-        return _Pending(work, (lambda: full.copy_(out[:full.numel()])) if bucket.padded else (lambda: None))
+        pending = _Pending(work, (lambda: full.copy_(out[:full.numel()])) if slot is not None else (lambda: None))
+        if slot is not None:
+            slot.pending = pending
+        return pending
 
     def _wait(self, buckets: list[int]) -> None:
         """The current stream waits for these buckets' all-gathers (those still in flight)."""
@@ -443,7 +452,10 @@ class ShardedGradients(GradientAveraging):
         self._stale = True
 
     def finish(self) -> None:
-        """The flat parameters made whole (the last update's all-gather), before anything reads them."""
+        """The flat parameters made whole (the last update's all-gather), before anything reads them; a watch
+        of a forward that raised (``Prefetch``) ends."""
+        if self.prefetch is not None:
+            self.prefetch.stop()
         self.before_forward(static=False)
         super().finish()
 
