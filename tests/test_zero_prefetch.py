@@ -59,6 +59,25 @@ def test_each_bucket_is_waited_for_no_later_than_its_first_read_whoever_reads_it
                            model.body: of(model.body.bias)}
 
 
+def test_a_hugging_face_gpt2_is_waited_for_layer_by_layer_its_tied_head_at_the_embedding():
+    """transformers' GPT-2 (its Conv1D layers, a loss computed inside, the head tied to the embedding): every
+    bucket waited for inside the forward, the embedding's at the embedding, the last block's at the last block."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    layout = ShardLayout(FlatParameters(model), 2, 0, bucket_mb=0.01)
+    with ReadOrder(model, layout) as watch:
+        model(input_ids=torch.randint(0, 100, (2, 8)), labels=torch.randint(0, 100, (2, 8)))
+    schedule = watch.schedule()
+    bucket = {id(p): index for index, b in enumerate(layout.buckets) for p in b.params}
+    assert schedule.first == []
+    assert sorted(i for due in schedule.at.values() for i in due) == list(range(len(layout.buckets)))
+    assert bucket[id(model.lm_head.weight)] in schedule.at[model.transformer.wte]
+    assert bucket[id(model.transformer.h[1].mlp.c_proj.weight)] in schedule.at[model.transformer.h[1].mlp.c_proj]
+
+
 def test_a_watched_forward_leaves_no_hook_and_the_schedule_hooks_only_modules_that_wait():
     model = Tangled()
     flat = FlatParameters(model, flatten_grads=False)
