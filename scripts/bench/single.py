@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -129,12 +130,12 @@ def time_plain(step: Callable[[], None], steps: int, profile: Path | None) -> di
 
 
 def harness_row(model: str, variant: str, steps: int, work: Path, tokens: Path, profile: Path | None = None,
-                gpus: int = 1, images: int = 2048) -> dict:
+                gpus: int = 1, images: int = 2048, extra: list[str] | None = None) -> dict:
     """Train.py as a user runs it, on ``gpus`` GPUs: step time from the first update's end to the last's
     (start-up and compilation left out), peak memory from rank 0's worker, the first step from the
     parent's start. ResNet-50 trains on ``images`` synthetic images, which Train.py keeps on the GPU."""
     flags = ["--gpus", ",".join(map(str, range(gpus))), "--max-steps", str(steps), "--save", "", *(["--compile"] if variant.endswith("compile") else []),
-             *(["--profile", str(profile)] if profile else [])]
+             *(["--profile", str(profile)] if profile else []), *(extra or [])]
     if model == "resnet50":
         flags += ["--model", "resnet50", "--dataset", "synthetic", "--dataset-options",
                   json.dumps({"shape": [3, 224, 224], "num_classes": 1000, "size": images}), "--val-fraction", "0",
@@ -252,8 +253,10 @@ def run_row(model: str, variant: str, args: argparse.Namespace, tokens: Path) ->
     elif variant == "nanogpt":
         measured = nanogpt_row(steps, Path(args.nanogpt).resolve(), tokens)
     else:
-        measured = harness_row(model, variant, steps, args.out, tokens, profile, images=args.images)
+        measured = harness_row(model, variant, steps, args.out, tokens, profile, images=args.images,
+                               extra=shlex.split(args.train_flags))
         measured.update({"images": args.images} if model == "resnet50" else {})
+        measured.update({"train_flags": args.train_flags} if args.train_flags else {})
     if profile and (profile / "profile.json").exists():
         measured["profile"] = json.loads((profile / "profile.json").read_text())
     return {"model": model, "variant": variant, **measured,
@@ -287,6 +290,8 @@ def main() -> None:
                    help="synthetic images Train.py's ResNet-50 rows train on, kept on the GPU (the plain loops "
                         "train on one batch of 128): 2048 (1.2 GB) or, for a memory figure on the plain loops' "
                         "footing, a batch or two")
+    p.add_argument("--train-flags", default="", help="more Train.py flags for the harness rows, one string "
+                                                    "(--train-flags='--no-tf32 ...'); the rows record them")
     p.add_argument("--profile", action="store_true",
                    help="also record 5 steps of each row with torch.profiler (Train.py --profile; the same summary "
                         "for plain loops) into OUT/profiles/MODEL-VARIANT, and add its summary to the row")
