@@ -39,6 +39,9 @@ def test_an_async_row_is_timed_to_the_final_loss_of_diloco_with_the_same_throttl
     timed = with_targets(rows)[1]
     assert [(r.get("time_to_diloco_s"), r.get("x_diloco_wall")) for r in timed] == \
         [(None, None), (None, None), (20.0, 0.8), (None, None)]        # the unthrottled one never got to 2.60
+    compressed = [{**rows[0], "variant": "diloco-bf16", "final_val_loss": 2.9, "wall_s": 40.0}, *rows[:3],
+                  {**rows[2], "variant": "async-bf16"}]
+    assert [r.get("x_diloco_wall") for r in with_targets(compressed)[1]] == [None, None, None, 0.8, 0.5]  # 20 / 40
 
 
 def test_outer_syncs_give_the_blocked_share_of_wall_time_and_the_largest_staleness():

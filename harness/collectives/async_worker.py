@@ -28,9 +28,11 @@ from typing import Any, Callable
 import torch
 
 from .base import Communicator, Work
+from .compress import Codec
 from .flat import FlatParameters
 from .outer import anchored, host
 from .sync import Synchroniser
+from .wire import Wire
 
 DIVERGED, BAD_SAMPLES = -1, -2      # why a push stops the run where no signal does: a loss that is not finite, or
                                     # more bad samples than --max-bad-samples on the pushing worker
@@ -78,13 +80,16 @@ class AsyncSynchroniser(Synchroniser):
     """Push ``anchor - parameters`` after the updates the server granted, and continue from the anchor answered.
     ``workers``: how many there are; ``ctx``: the worker's context, whose ``request``, ``ask`` and ``answer``
     reach the parent's "server"; ``signal()``: the SIGINT/SIGTERM this worker received, if any; ``served``: a
-    checkpoint's server state, which rank 0 brings to the join (None: its initial parameters start the server)."""
+    checkpoint's server state, which rank 0 brings to the join (None: its initial parameters start the server);
+    ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32)."""
 
     def __init__(self, flat: FlatParameters, rank: int, workers: int, ctx: Any,
-                 signal: Callable[[], int | None], served: dict | None = None):
+                 signal: Callable[[], int | None], served: dict | None = None, wire: Wire | None = None):
         super().__init__(Solo(), flat)
         self.rank, self.workers, self.ctx, self.signal = rank, workers, ctx, signal
-        self.served = served
+        self.served, self.wire = served, wire or Wire(Codec())
+        # a compressed push's rounding error, sent with the next push
+        self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params] if self.wire.compressed else None
         self.ahead = 0                  # updates this worker may run past its next push before taking the answer
         self.at_push: list[torch.Tensor] | None = None     # its parameters at a push whose answer it has not taken
         self.waited = 0.0               # seconds it waited for the last answer it took late
@@ -173,7 +178,7 @@ class AsyncSynchroniser(Synchroniser):
         answer taken now, or (``ahead`` granted, not parking and nothing to report) after ``ahead`` more updates
         at the latest, in ``after_step``."""
         nothing_new = step == self.pushed_at
-        delta = None if nothing_new else [(a - p).float().cpu() for a, p in zip(self.anchor, self.flat.params)]
+        delta = None if nothing_new else self._pseudo_gradient()
         why = DIVERGED if self.diverged else self.signal() or (BAD_SAMPLES if self.bad_samples else 0)
         ahead = self.ahead if not (park or nothing_new or why) else 0
         body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
@@ -185,6 +190,13 @@ class AsyncSynchroniser(Synchroniser):
             return
         self._adopt(self.ctx.request("server", ("push", body)))
         self._wait()
+
+    def _pseudo_gradient(self) -> Any:
+        """``anchor - parameters`` on the host: fp32 tensors, or one encoded vector (wire.py)."""
+        delta = [a - p for a, p in zip(self.anchor, self.flat.params)]
+        if self.residual is not None:
+            return self.wire.send(delta, self.residual)
+        return [d.float().cpu() for d in delta]
 
     def _collect(self) -> None:
         """Take the answer to a push that ran ahead, if one is out: the parameters become the new anchor plus
@@ -208,15 +220,21 @@ class AsyncSynchroniser(Synchroniser):
             self._push(self.pushed_at, park=True)
 
     def _adopt(self, reply: dict) -> None:
-        for anchor, param, served in zip(self.anchor, self.flat.params, reply["anchor"]):
-            anchor.copy_(served)
+        """The answer taken: the anchor (or its encoded change, added) in the anchor and the parameters."""
+        if "anchor" in reply:
+            for anchor, served in zip(self.anchor, reply["anchor"]):
+                anchor.copy_(served)
+        elif reply["change"] is not None:       # None: a resumed run's join, which keeps the anchor saved
+            for anchor, change in zip(self.anchor, self.wire.received(reply["change"], self.anchor)):
+                anchor.add_(change)
+        for anchor, param in zip(self.anchor, self.flat.params):
             param.copy_(anchor)
         self.version, self.stop_why, self.grant = reply["version"], reply["stop_why"], reply["grant"]
         self.ahead = reply.get("ahead", 0)
         self.updates, self.parked, self.final = reply["updates"], reply["parked"], reply["final"]
         self.asked |= {what for what in ("validate", "save") if reply[what]}
         if "server" in reply:
-            self.server_state = {**reply["server"], "anchor": host(self.anchor)}
+            self.server_state = {"anchor": host(self.anchor), **reply["server"]}
 
     def stopping(self) -> int:
         """The reason every worker stops (a signal's number, or -1: some worker's loss was not finite) once
@@ -231,10 +249,12 @@ class AsyncSynchroniser(Synchroniser):
         """This rank's part of a checkpoint, taken at a consistent point (parameters = anchor); rank 0's
         carries the server's state, which the resumed run's join hands back to the server."""
         return {"params": host(self.flat.params), "anchor": host(self.anchor), "server": self.server_state,
-                "pushed_at": self.pushed_at}
+                "pushed_at": self.pushed_at, "residual": host(self.residual)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for mine, saved in ((self.flat.params, state["params"]), (self.anchor, state["anchor"])):
+        saved_residual = state.get("residual") if self.residual is not None else None
+        for mine, saved in ((self.flat.params, state["params"]), (self.anchor, state["anchor"]),
+                            (self.residual or [], saved_residual or [])):
             for t, value in zip(mine, saved):
                 t.copy_(value)
         self.pushed_at = self.step = state["pushed_at"]

@@ -62,8 +62,10 @@ from typing import Any, Callable
 import torch
 
 from .async_worker import BAD_SAMPLES
+from .compress import Codec
 from .grants import Grants
 from .outer import OuterOptimizer
+from .wire import Wire
 
 HOLD = 1.0      # a push waits for workers due back within this share of a round (rule 2): on the slow-link
                 # bench, under a changing load, returns came up to a round off their prediction, and each miss
@@ -96,10 +98,7 @@ class Push:
     arrived: float
     ahead: int = 0          # the updates its worker runs before it takes the answer (--outer-delay)
     waited: float = 0.0     # seconds its worker waited for the answer to its previous push, where that ran ahead
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.delta or [])
+    nbytes: int = 0         # what it carried on the wire
 
 
 def passes(before: int, after: int, every: int) -> bool:
@@ -113,21 +112,22 @@ class ParameterServer:
     staleness rule alone); ``ahead``: --outer-delay (the updates a worker runs past a push before it takes the
     answer); ``past_bad_limit(record)``: whether a worker's reported record brings the run past
     --max-bad-samples (harness/data/bad_samples.py's ``RunCount``), which stops it as one worker's own count
-    does. ``records`` collects one "outer_sync" record per applied push (and the workers' validation and bad
+    does; ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32). ``records`` collects one "outer_sync" record per applied push (and the workers' validation and bad
     sample records), for the run's metrics.jsonl."""
 
     def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int, plan: Plan,
                  clock: Callable[[], float] = time.monotonic, hold: float = HOLD, ahead: int = 0,
-                 past_bad_limit: Callable[[dict], bool] = lambda record: False):
+                 past_bad_limit: Callable[[dict], bool] = lambda record: False, wire: Wire | None = None):
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness}: must be 0 or more (0 is synchronous DiLoCo)")
         if not 0 <= ahead < every:
             raise ValueError(f"ahead={ahead}: must be 0 or more and under K={every}")
         self.workers, self.outer, self.every, self.max_staleness = workers, outer, every, max_staleness
         self.plan, self.clock, self.hold, self.ahead = plan, clock, hold, ahead
-        self.past_bad_limit = past_bad_limit
+        self.past_bad_limit, self.wire = past_bad_limit, wire or Wire(Codec())
         self.grants = Grants(plan.budget, every, workers, proportional=max_staleness > 0)
         self.anchor: list[torch.Tensor] | None = None
+        self.views: list[list[torch.Tensor]] = []     # compressed pulls: the anchor each worker holds
         self.momentum: list[torch.Tensor] | None = None
         self.version = 0
         self.base = [0] * workers
@@ -162,7 +162,9 @@ class ParameterServer:
         self.version, self.base, self.joined = state.get("version", 0), [state.get("version", 0)] * self.workers, {}
         self.grants.given = list(state.get("updates") or [0] * self.workers)
         self.saved = self.applied
-        return self._release()
+        kept = self.wire.compressed and state.get("views") is not None
+        self.views = [[t.clone() for t in view] for view in state["views"]] if kept else []
+        return self._release(kept)
 
     def push(self, rank: int, step: int, updates: int, delta: list[torch.Tensor] | None, park: bool = False,
              signal: int = 0, ahead: int = 0, waited: float = 0.0) -> list[Answer]:
@@ -181,7 +183,9 @@ class ParameterServer:
             self.grants.deliver(rank, 0)
             self.parked.add(rank)
         else:
-            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, waited))
+            nbytes = self.wire.nbytes(delta) if self.wire.compressed else sum(t.nbytes for t in delta)
+            delta = self.wire.received(delta, self.anchor) if self.wire.compressed else delta
+            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, waited, nbytes))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -272,10 +276,13 @@ class ParameterServer:
         """Whether no more updates will be granted: the budget is spent, or the run stops."""
         return bool(self.stop_why) or self.grants.left == 0
 
-    def _release(self) -> list[Answer]:
+    def _release(self, kept: bool = False) -> list[Answer]:
         """Every worker answered at a consistent point, with the same anchor and version: ``save`` if a
         checkpoint is due, or the run ends with something new to save (then rank 0, which writes it, gets the
-        server's state too), and at the run's end the fastest worker asked to validate the final anchor."""
+        server's state too), and at the run's end the fastest worker asked to validate the final anchor.
+        Compressed pulls (wire.py) send the anchor whole at the join of a new run and at the run's end, else its
+        change as any answer does, so that a stop's release is no different from the answer an uninterrupted
+        run gets there; ``kept``: a resumed run's join, whose workers keep the anchors they saved."""
         finished = self._finished()
         save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
         if save:
@@ -286,30 +293,52 @@ class ParameterServer:
         self.base = [self.version] * self.workers
         now = self.clock()
         ranks = list(range(self.workers))
-        answers = [(r, {**self._reply(r, grant), "parked": True, "save": save, "final": finished})
+        whole = not self.views or self.grants.left == 0 and not self.stop_why
+        answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept), "parked": True, "save": save,
+                        "final": finished})
                    for r, grant in zip(ranks, self._grants(ranks, now))]
         if save:
             answers[0][1]["server"] = self.state()
         return answers
 
-    def _reply(self, rank: int, grant: int, reserve: bool = True) -> dict[str, Any]:
-        """The anchor and version (a copy: the server goes on updating its own), the worker's next grant,
-        whether it is to validate that anchor, and (``reserve``, --outer-delay) the updates it may run past its
-        next push before it takes that push's answer."""
+    def _reply(self, rank: int, grant: int, reserve: bool = True, whole: bool = False,
+               kept: bool = False) -> dict[str, Any]:
+        """The anchor (``_anchor_for``) and version, the worker's next grant, whether it is to validate that
+        anchor, and (``reserve``, --outer-delay) the updates it may run past its next push before it takes
+        that push's answer."""
         validate = self.validator == rank
         if validate:
             self.validator = None
         ahead = self.grants.reserve(rank, self.ahead) if reserve and grant and not self._finished() else 0
-        return {"anchor": [t.clone() for t in self.anchor], "version": self.version, "grant": grant,
+        return {**self._anchor_for(rank, whole, kept), "version": self.version, "grant": grant,
                 "updates": self.applied, "validate": validate, "stop_why": self.stop_why, "parked": False,
                 "save": False, "final": False, "ahead": ahead}
+
+    def _anchor_for(self, rank: int, whole: bool, kept: bool = False) -> dict[str, Any]:
+        """``anchor``: a copy of the anchor (the server goes on updating its own), at fp32 and where ``whole``;
+        else ``change``: the change since the anchor the worker holds, encoded (wire.py), or None (``kept``)."""
+        if kept:
+            return {"change": None}
+        if not self.wire.compressed or whole:
+            if self.wire.compressed:
+                self.views = self.views or [[] for _ in range(self.workers)]
+                self.views[rank] = [t.clone() for t in self.anchor]
+            return {"anchor": [t.clone() for t in self.anchor]}
+        view = self.views[rank]
+        change = self.wire.send([a - v for a, v in zip(self.anchor, view)])
+        for v, d in zip(view, self.wire.received(change, view)):
+            v.add_(d)
+        return {"change": change}
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a
         consistent point: the outer momentum, the version and the updates each worker has run (the budget
-        spent)."""
-        return {"version": self.version, "updates": list(self.grants.given),
-                "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
+        spent); with compressed pulls the anchor too, and the view of it each worker holds."""
+        state = {"version": self.version, "updates": list(self.grants.given),
+                 "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
+        if self.wire.compressed:        # the workers hold views of the anchor, within rounding of it
+            state.update(anchor=[t.clone() for t in self.anchor], views=[[t.clone() for t in v] for v in self.views])
+        return state
 
     def report(self, rank: int, record: dict) -> list[Answer]:
         """A worker's record (a validation, a bad sample), stamped with the server's clock (the parent's), for

@@ -17,6 +17,7 @@ from harness.collectives.outer import OuterOptimizer, OuterSynchroniser
 from harness.collectives.server import ParameterServer, Plan
 from harness.collectives.shards import Replica, ShardedGradients, ShardLayout
 from harness.collectives.sync import BucketedGradientAveraging, GradientAveraging, ParameterAveraging, Synchroniser
+from harness.collectives.wire import Wire
 from harness.data.bad_samples import RunCount
 from harness.data.batch import Batch, call_model
 from harness.data.pipeline import ResidentBatches, StreamedBatches, is_streamed
@@ -80,7 +81,8 @@ def make_server(config: TrainConfig, steps_per_epoch: int) -> ParameterServer:
     save_every = tuple(n * every for every in (config.save_every * steps_per_epoch, config.save_every_steps) if every)
     plan = Plan(n * total, n * (config.validate_every or steps_per_epoch), save_every, saves=bool(config.save))
     return ParameterServer(n, outer_optimizer(config), config.avg_every, config.max_staleness, plan,
-                           ahead=config.outer_delay, past_bad_limit=RunCount(config.max_bad_samples).past)
+                           ahead=config.outer_delay, past_bad_limit=RunCount(config.max_bad_samples).past,
+                           wire=Wire(make_codec(config.outer_dtype)))
 
 
 def flat_gradients(config: TrainConfig, world: int) -> bool:
@@ -107,7 +109,7 @@ def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                          f"that {'does not need' if flat.flatten_grads else 'needs'} them (flat_gradients)")
     if config.mode == "async":
         return AsyncSynchroniser(flat, ctx.rank, ctx.world_size, ctx,
-                                 lambda: ctx.interrupted, served)
+                                 lambda: ctx.interrupted, served, Wire(make_codec(config.outer_dtype)))
     if shards is not None:
         return ShardedGradients(comm, flat, shards, config.zero, replica, model=None if config.compile else model)
     if config.outer:

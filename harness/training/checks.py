@@ -302,7 +302,7 @@ def check_outer(config: TrainConfig) -> None:
 
 
 def check_async(config: TrainConfig, gpus: list[int]) -> None:
-    """--mode async (harness/collectives/server.py) pushes whole fp32 pseudo-gradients to the parent's server,
+    """--mode async (harness/collectives/server.py) pushes whole pseudo-gradients to the parent's server,
     and its workers share no collective: what needs one, or is untested there, is refused."""
     if config.mode != "async":
         if config.max_staleness != TrainConfig.max_staleness:
@@ -310,7 +310,6 @@ def check_async(config: TrainConfig, gpus: list[int]) -> None:
                               "or drop it")
         return
     clash = ("--fragments" if config.fragments > 1 else
-             f"--outer-dtype {config.outer_dtype}" if config.outer_dtype != "fp32" else
              "--avg-optimizer-state" if config.avg_optimizer_state else
              "--patience" if config.patience else "--target-error" if config.target_error is not None else
              "GPU workers" if gpus else None)

@@ -103,8 +103,9 @@ def _synchronisation(a: Callable[..., Any]) -> None:
            "progress made meanwhile (default 0: the inner steps wait for it); D < K/F. async: a worker trains on "
            "under its push until the answer is there, D updates at most; D < K")
     a("--outer-dtype", choices=("fp32", "bf16", "fp16", "int8"),
-      help="param mode: pseudo-gradients sent as fp32 (default), bf16 or fp16 (half the bytes) or int8 with a scale "
-           "per 1024 (a quarter), the rounding error carried into the next sync")
+      help="param and async modes: pseudo-gradients sent as fp32 (default), bf16 or fp16 (half the bytes) or int8 "
+           "with a scale per 1024 (a quarter), the rounding error carried into the next sync; async mode sends the "
+           "anchor's changes back the same way")
     a("--grad-sync", choices=("bucketed", "flat"),
       help="grad mode: all-reduce buckets during backward (default), or the whole flat gradient after it")
     a("--bucket-mb", type=float, help="grad mode: gradient bucket size in MiB (default 25)")

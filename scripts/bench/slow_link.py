@@ -50,7 +50,7 @@ RESULT = "bench_slow_link.json"
 TARGET_FACTOR = 1.02                 # time to target: to 1.02 x grad mode's final validation loss
 VAL_SPLIT = 0.9                      # the first 90% of the text trains, the rest validates
 KILL_GRACE_S = 10                    # a Train.py we stop gets this long after SIGTERM before SIGKILL
-VARIANT_NAMES = ("grad", "param-average", "diloco", "diloco-bf16", "streaming", "async")
+VARIANT_NAMES = ("grad", "param-average", "diloco", "diloco-bf16", "streaming", "async", "async-bf16")
 
 
 def variant_flags(name: str, k: int, async_delay: int = 0) -> list[str]:
@@ -59,14 +59,16 @@ def variant_flags(name: str, k: int, async_delay: int = 0) -> list[str]:
     ``async_delay`` updates (--outer-delay)."""
     diloco = ["--mode", "param", "--avg-every", str(k), "--outer-optimizer", "nesterov", "--outer-lr", "0.7",
               "--outer-momentum", "0.9"]
+    asynchronous = ["--mode", "async", "--max-staleness", "1", *diloco[2:],
+                    *(["--outer-delay", str(async_delay)] if async_delay else [])]
     return {
         "grad": ["--mode", "grad"],
         "param-average": ["--mode", "param", "--avg-every", str(k)],
         "diloco": diloco,
         "diloco-bf16": [*diloco, "--outer-dtype", "bf16"],
         "streaming": [*diloco, "--fragments", "4", "--outer-delay", "5"],
-        "async": ["--mode", "async", "--max-staleness", "1", *diloco[2:],
-                  *(["--outer-delay", str(async_delay)] if async_delay else [])],
+        "async": asynchronous,
+        "async-bf16": [*asynchronous, "--outer-dtype", "bf16"],
     }[name]
 
 
@@ -115,12 +117,14 @@ def with_targets(rows: list[dict]) -> tuple[float | None, list[dict]]:
                  and r.get("final_val_loss") is not None), None)
     target = TARGET_FACTOR * grad["final_val_loss"] if grad else None
     rows = [{**r, "time_to_target_s": time_to_target(r.get("val_curve") or [], target)} for r in rows]
-    return target, [{**r, **against_diloco(r, rows)} if r["variant"] == "async" else r for r in rows]
+    return target, [{**r, **against_diloco(r, rows)} if r["variant"].startswith("async") else r for r in rows]
 
 
 def against_diloco(row: dict, rows: list[dict]) -> dict:
-    """``time_to_diloco_s`` and ``x_diloco_wall`` of an async row (None without a DiLoCo row to match)."""
-    diloco = next((r for r in rows if r["variant"] == "diloco" and r["throttled"] == row["throttled"]
+    """``time_to_diloco_s`` and ``x_diloco_wall`` of an async row against the DiLoCo row with its throttling and
+    its --outer-dtype (async-bf16: diloco-bf16; None without a row to match)."""
+    diloco = next((r for r in rows if r["variant"] == row["variant"].replace("async", "diloco")
+                   and r["throttled"] == row["throttled"]
                    and r.get("final_val_loss") is not None), None)
     seconds = time_to_target(row.get("val_curve") or [], diloco["final_val_loss"]) if diloco else None
     return {"time_to_diloco_s": seconds, "x_diloco_wall": seconds / diloco["wall_s"] if seconds else None}
