@@ -212,6 +212,21 @@ def test_compressed_pulls_keep_each_worker_on_the_server_s_view_of_it_and_a_rele
     assert all(r["bytes"] == 1000 * 2 for r in server.records)
 
 
+def test_a_stop_in_the_last_round_still_ends_the_run_on_the_anchor_itself():
+    """A signal that comes with the pushes that spend the budget: the run ends there as it would without it, so
+    its release sends the anchor whole, not a change (a compressed change only where updates are left)."""
+    wire = Wire(make_codec("int8"))
+    server = ParameterServer(2, OuterOptimizer(), every=4, max_staleness=0, plan=Plan(2 * 8), wire=wire)
+    server.join(0, {"anchor": [torch.randn(64)], "version": 0})
+    server.join(1, None)
+    answers = server.push(0, 4, 4, wire.send([torch.randn(64)])) + server.push(1, 4, 4, wire.send([torch.randn(64)]))
+    assert all("change" in a for _, a in answers)
+    answers = server.push(0, 8, 4, wire.send([torch.randn(64)]), signal=15) + \
+        server.push(1, 8, 4, wire.send([torch.randn(64)]), signal=15)
+    assert [(r, a["final"]) for r, a in answers] == [(0, True), (1, True)]
+    assert all(torch.equal(a["anchor"][0], server.anchor[0]) for _, a in answers)
+
+
 def test_grants_follow_the_measured_speed_and_spend_the_budget_exactly():
     ran, ended = simulated((2.0, 1.0), 400, proportional=True)
     assert ran[0][:2] == [50, 50] and ran[1][:1] == [50]                # K until both speeds are measured

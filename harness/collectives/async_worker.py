@@ -81,13 +81,16 @@ class AsyncSynchroniser(Synchroniser):
     ``workers``: how many there are; ``ctx``: the worker's context, whose ``request``, ``ask`` and ``answer``
     reach the parent's "server"; ``signal()``: the SIGINT/SIGTERM this worker received, if any; ``served``: a
     checkpoint's server state, which rank 0 brings to the join (None: its initial parameters start the server);
-    ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32)."""
+    ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32); ``held``: the anchor this
+    rank saved in that checkpoint (with compressed pulls, the server's view of it, which the join hands back)."""
 
     def __init__(self, flat: FlatParameters, rank: int, workers: int, ctx: Any,
-                 signal: Callable[[], int | None], served: dict | None = None, wire: Wire | None = None):
+                 signal: Callable[[], int | None], served: dict | None = None, wire: Wire | None = None,
+                 held: list[torch.Tensor] | None = None):
         super().__init__(Solo(), flat)
         self.rank, self.workers, self.ctx, self.signal = rank, workers, ctx, signal
-        self.served, self.wire = served, wire or Wire(Codec())
+        self.served, self.wire, self.held = served, wire or Wire(Codec()), held
+        self.kept = False               # the join left this worker the anchor it saved (compressed pulls)
         # a compressed push's rounding error, sent with the next push
         self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params] if self.wire.compressed else None
         self.ahead = 0                  # updates this worker may run past its next push before taking the answer
@@ -111,7 +114,11 @@ class AsyncSynchroniser(Synchroniser):
         starts from the anchor answered once all have joined, with its first grant."""
         state = (self.served or {"anchor": host(self.flat.params), "momentum": None, "version": 0}) \
             if self.rank == 0 else None
-        self._adopt(self.ctx.request("server", ("join", state)))
+        if self.held is not None:
+            state = {**(state or {}), "view": self.held}
+        reply = self.ctx.request("server", ("join", state))
+        self.kept = "anchor" not in reply
+        self._adopt(reply)
         self._wait()
 
     def after_step(self, step: int) -> None:
@@ -252,9 +259,11 @@ class AsyncSynchroniser(Synchroniser):
                 "pushed_at": self.pushed_at, "residual": host(self.residual)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """After the join: the parameters and anchor saved where the join kept them (else every worker stays on
+        the anchor it sent whole), and the residual of a compressed push."""
         saved_residual = state.get("residual") if self.residual is not None else None
-        for mine, saved in ((self.flat.params, state["params"]), (self.anchor, state["anchor"]),
-                            (self.residual or [], saved_residual or [])):
+        kept = [(self.flat.params, state["params"]), (self.anchor, state["anchor"])] if self.kept else []
+        for mine, saved in (*kept, (self.residual or [], saved_residual or [])):
             for t, value in zip(mine, saved):
                 t.copy_(value)
         self.pushed_at = self.step = state["pushed_at"]

@@ -148,7 +148,8 @@ class ParameterServer:
 
     def join(self, rank: int, state: dict | None) -> list[Answer]:
         """A worker's start: rank 0 brings the state to serve (``{"anchor", "momentum", "version",
-        "updates"}``: its initial parameters, or a checkpoint's server state), the others None. Everyone is
+        "updates"}``: its initial parameters, or a checkpoint's server state), the others None; on a resume each
+        also brings ``view``, the anchor it saved (the server's view of it, where pulls are compressed). Everyone is
         answered once all have joined: this is also the broadcast that starts every replica from the same
         parameters."""
         self.joined[rank] = state
@@ -159,11 +160,13 @@ class ParameterServer:
         saved = state.get("momentum")
         self.momentum = ([t.clone() for t in saved] if saved is not None else [torch.zeros_like(t) for t in self.anchor]) \
             if self.outer.kind == "nesterov" else None
-        self.version, self.base, self.joined = state.get("version", 0), [state.get("version", 0)] * self.workers, {}
+        self.version, self.base = state.get("version", 0), [state.get("version", 0)] * self.workers
         self.grants.given = list(state.get("updates") or [0] * self.workers)
         self.saved = self.applied
-        kept = self.wire.compressed and state.get("views") is not None
-        self.views = [[t.clone() for t in view] for view in state["views"]] if kept else []
+        views = [(self.joined[r] or {}).get("view") for r in range(self.workers)]
+        kept = self.wire.compressed and all(view is not None for view in views)
+        self.views = [[t.clone() for t in view] for view in views] if kept else []
+        self.joined = {}
         return self._release(kept)
 
     def push(self, rank: int, step: int, updates: int, delta: list[torch.Tensor] | None, park: bool = False,
@@ -293,7 +296,7 @@ class ParameterServer:
         self.base = [self.version] * self.workers
         now = self.clock()
         ranks = list(range(self.workers))
-        whole = not self.views or self.grants.left == 0 and not self.stop_why
+        whole = not self.views or self.grants.left == 0
         answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept), "parked": True, "save": save,
                         "final": finished})
                    for r, grant in zip(ranks, self._grants(ranks, now))]
@@ -317,13 +320,13 @@ class ParameterServer:
     def _anchor_for(self, rank: int, whole: bool, kept: bool = False) -> dict[str, Any]:
         """``anchor``: a copy of the anchor (the server goes on updating its own), at fp32 and where ``whole``;
         else ``change``: the change since the anchor the worker holds, encoded (wire.py), or None (``kept``)."""
-        if kept:
-            return {"change": None}
         if not self.wire.compressed or whole:
             if self.wire.compressed:
                 self.views = self.views or [[] for _ in range(self.workers)]
                 self.views[rank] = [t.clone() for t in self.anchor]
             return {"anchor": [t.clone() for t in self.anchor]}
+        if kept:
+            return {"change": None}
         view = self.views[rank]
         change = self.wire.send([a - v for a, v in zip(self.anchor, view)])
         for v, d in zip(view, self.wire.received(change, view)):
@@ -333,11 +336,12 @@ class ParameterServer:
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a
         consistent point: the outer momentum, the version and the updates each worker has run (the budget
-        spent); with compressed pulls the anchor too, and the view of it each worker holds."""
+        spent); with compressed pulls the anchor too (each worker saves its own view of it, which its join brings
+        back)."""
         state = {"version": self.version, "updates": list(self.grants.given),
                  "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
-        if self.wire.compressed:        # the workers hold views of the anchor, within rounding of it
-            state.update(anchor=[t.clone() for t in self.anchor], views=[[t.clone() for t in v] for v in self.views])
+        if self.wire.compressed:        # rank 0 holds its view of the anchor: the anchor goes with the state
+            state["anchor"] = [t.clone() for t in self.anchor]
         return state
 
     def report(self, rank: int, record: dict) -> list[Answer]:

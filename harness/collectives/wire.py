@@ -12,8 +12,9 @@ fp16, against 4), because on a slow link the exchange, a push and then a pull, i
   both sides add the decoded change, so the worker's anchor is the server's view of it exactly, and what
   rounding left out (anchor - view) goes with the next pull. The join of a new run and the run's end send
   the anchor itself; a checkpoint's or a stop's release sends the change as any answer does (so a run
-  stopped and resumed is the uninterrupted one bit for bit), and the checkpoint keeps the server's anchor
-  and views (its model is rank 0's view: the anchor within a rounding of its last change).
+  stopped and resumed is the uninterrupted one bit for bit). The checkpoint keeps the server's anchor, and
+  each worker's own state its view, which its join brings back (the checkpoint's model is rank 0's view:
+  the anchor within a rounding of its last change).
 """
 from __future__ import annotations
 

@@ -213,7 +213,8 @@ class Worker:
         mine = self.saved_ranks[self.rank % len(self.saved_ranks)] if start and self.saved_ranks else None
         self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards,
                                       report=self.ctx.send if self.lead else None, replica=self.replica,
-                                      ctx=self.ctx, served=mine.get("server") if mine else None, model=self.model)
+                                      ctx=self.ctx, served=mine.get("server") if mine else None, model=self.model,
+                                      held=mine.get("anchor") if mine else None)
         if start:
             self.sync.start()
         if mine:
