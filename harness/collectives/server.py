@@ -112,8 +112,9 @@ class ParameterServer:
     staleness rule alone); ``ahead``: --outer-delay (the updates a worker runs past a push before it takes the
     answer); ``past_bad_limit(record)``: whether a worker's reported record brings the run past
     --max-bad-samples (harness/data/bad_samples.py's ``RunCount``), which stops it as one worker's own count
-    does; ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32). ``records`` collects one "outer_sync" record per applied push (and the workers' validation and bad
-    sample records), for the run's metrics.jsonl."""
+    does; ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32). ``records``
+    collects one "outer_sync" record per applied push (and the workers' validation and bad sample records), for
+    the run's metrics.jsonl."""
 
     def __init__(self, workers: int, outer: OuterOptimizer, every: int, max_staleness: int, plan: Plan,
                  clock: Callable[[], float] = time.monotonic, hold: float = HOLD, ahead: int = 0,
@@ -283,8 +284,8 @@ class ParameterServer:
         """Every worker answered at a consistent point, with the same anchor and version: ``save`` if a
         checkpoint is due, or the run ends with something new to save (then rank 0, which writes it, gets the
         server's state too), and at the run's end the fastest worker asked to validate the final anchor.
-        Compressed pulls (wire.py) send the anchor whole at the join of a new run and at the run's end, else its
-        change as any answer does, so that a stop's release is no different from the answer an uninterrupted
+        Compressed pulls (wire.py) send the anchor whole at the join of a new run and once the budget is spent
+        (the run's end, with or without a stop in its last round), else its change as any answer does, so that a stop's release is no different from the answer an uninterrupted
         run gets there; ``kept``: a resumed run's join, whose workers keep the anchors they saved."""
         finished = self._finished()
         save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
