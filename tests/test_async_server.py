@@ -446,6 +446,11 @@ def test_uneven_workers_stopped_by_sigterm_resume_each_from_its_own_update_and_s
     after = ran_by_rank([r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["event"] == "outer_sync"])
     assert [r["step"] for r in results] == [places[0] + sum(after[0]), places[1] + sum(after[1])]
     assert sum(places) + sum(after[0]) + sum(after[1]) == 2 * 1000
+    # a shorter run that the fast worker alone has already passed still has budget left: resumed, it spends it
+    shorter = [*flags[:-1], str(places[0]), "--resume", str(tmp_path / "model.pt")]
+    results, _ = run_train(tmp_path, *shorter, name="shorter")
+    after = ran_by_rank([r for r in read_metrics(tmp_path / "shorter" / "metrics.jsonl") if r["event"] == "outer_sync"])
+    assert sum(places) + sum(after[0]) + sum(after[1]) == 2 * places[0]
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -352,12 +352,16 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
                           "checkpoint)" + (" (it stopped mid-epoch)" if saved.get("position") else ""))
     steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
     total = config.total_updates(steps_per_epoch)
-    if saved["step"] >= total:
+    done, every = saved["step"], ""
+    served = (saved.get("ranks") or [{}])[0].get("server") if config.mode == "async" else None
+    if served:      # async: the budget every worker spends together (a fast worker runs more than ``total``)
+        done, total, every = sum(served["updates"]), total * config.workers, f" by {config.workers} workers together"
+    if done >= total:
         length = f"--max-steps {config.max_steps}" if config.max_steps else \
             f"--epochs {config.epochs} of {steps_per_epoch} updates"
-        raise ConfigError(f"--resume {config.resume} has trained {saved['step']} updates, and this run's length is "
-                          f"{total} ({length}): nothing is left to train; pass a larger --epochs or --max-steps "
-                          f"to train more")
+        raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
+                          f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
+                          f"--epochs or --max-steps to train more")
 
 
 def _check_data_and_model(config: TrainConfig) -> int:
