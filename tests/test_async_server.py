@@ -227,6 +227,26 @@ def test_a_stop_in_the_last_round_still_ends_the_run_on_the_anchor_itself():
     assert all(torch.equal(a["anchor"][0], server.anchor[0]) for _, a in answers)
 
 
+def test_at_staleness_0_a_worker_is_set_aside_no_more_than_is_left_of_its_own_share():
+    """--outer-delay at S = 0: the updates a worker may run ahead come out of its own share of the budget, not the
+    others' (set aside 3 with 2 of its own left, it ran past its T and was then granted a negative number)."""
+    grants = Grants(2 * 200, every=8, workers=2, proportional=False)
+    grants.given = [198, 190]
+    assert grants.reserve(0, 3) == 2 and grants.reserve(1, 3) == 3
+    grants.given = [201, 190]
+    assert grants.share_out([0], now=0.0) == [0]
+
+
+def test_at_staleness_0_workers_that_run_ahead_across_checkpoints_end_on_their_share(tmp_path):
+    """The run that never ended: checkpoints every epoch shifted the rounds so that the last began 2 updates
+    short of the end with --outer-delay 3."""
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "200", "--outer-delay", "3"]
+    results, _ = run_train(tmp_path, *flags, name="ahead")
+    syncs = [r for r in read_metrics(tmp_path / "ahead" / "metrics.jsonl") if r["event"] == "outer_sync"]
+    assert [sum(r["inner_updates"] for r in syncs if r["rank"] == rank) for rank in (0, 1)] == [200, 200]
+    assert [r["step"] for r in results] == [200, 200]
+
+
 def test_grants_follow_the_measured_speed_and_spend_the_budget_exactly():
     ran, ended = simulated((2.0, 1.0), 400, proportional=True)
     assert ran[0][:2] == [50, 50] and ran[1][:1] == [50]                # K until both speeds are measured

@@ -78,8 +78,12 @@ class Grants:
 
     def reserve(self, rank: int, ahead: int) -> int:
         """Set aside up to ``ahead`` updates for worker ``rank`` to run after its next push, before it takes
-        that push's answer; returns how many (fewer near the budget's end)."""
-        self.ahead[rank] = max(0, min(ahead, self.left))
+        that push's answer; returns how many (fewer near the budget's end; at S = 0, near the end of the
+        worker's own share: out of the others' shares, it ran past its T, and was then granted less than
+        nothing, which it pushed after every update, never to stop)."""
+        own = self.budget // self.workers - self.given[rank] - self.window[rank]
+        left = self.left if self.proportional else min(self.left, own)
+        self.ahead[rank] = max(0, min(ahead, left))
         return self.ahead[rank]
 
     def measure(self, rank: int, updates: int, arrived: float, waited: float = 0.0) -> None:
@@ -133,8 +137,8 @@ class Grants:
         return grants
 
     def _own(self, rank: int) -> int:
-        """S = 0: K out of the worker's own equal share of the budget."""
-        return min(self.every, self.budget // self.workers - self.given[rank])
+        """S = 0: K out of the worker's own equal share of the budget (its window, run ahead, is part of it)."""
+        return max(0, min(self.every, self.budget // self.workers - self.given[rank]))
 
     def _available(self, ranks: list[int]) -> int:
         """What grants to ``ranks`` may take: the budget left, and their windows, which a grant covers (``_give``)."""
