@@ -16,7 +16,7 @@ from harness import ChildError, Parent
 from harness.collectives.async_worker import BAD_SAMPLES
 from harness.collectives.compress import make_codec
 from harness.collectives.outer import OuterOptimizer
-from harness.collectives.grants import Grants
+from harness.collectives.grants import Grants, covering
 from harness.collectives.server import HOLD, ParameterServer, Plan
 from harness.collectives.wire import Wire
 from harness.data.bad_samples import RunCount
@@ -235,6 +235,19 @@ def test_at_staleness_0_a_worker_is_set_aside_no_more_than_is_left_of_its_own_sh
     assert grants.reserve(0, 3) == 2 and grants.reserve(1, 3) == 3
     grants.given = [201, 190]
     assert grants.share_out([0], now=0.0) == [0]
+
+
+def test_a_round_granted_together_covers_each_worker_s_window_and_never_overspends_the_budget():
+    """--outer-delay at S >= 1: both workers ran 3 ahead of their answers, 1 update of the budget is left, and the
+    fast one's rate is 10 times the slow one's. Split by rate alone ([6, 1]) the slow one's grant left 2 of its
+    window held while the fast one's grant spent them: the budget went to -2, was never spent, and the run went on
+    with negative grants, forever."""
+    grants = Grants(2 * 100, every=4, workers=2, proportional=True)
+    grants.given, grants.window, grants.rates = [100, 93], [3, 3], [10.0, 1.0]
+    assert grants.left == 1
+    assert grants.share_out([0, 1], now=0.0) == [4, 3]
+    assert grants.left == 0 and grants.window == [0, 0]
+    assert covering([6, 1], [3, 3]) == [4, 3] and covering([5, 1, 0], [0, 0, 2]) == [3, 1, 2]
 
 
 def test_at_staleness_0_workers_that_run_ahead_across_checkpoints_end_on_their_share(tmp_path):

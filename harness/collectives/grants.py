@@ -129,7 +129,8 @@ class Grants:
             available = self._available(ranks)
             total = self._absorb(min(self.every * len(ranks), available), available)
             measured = all(self.rates[r] is not None for r in ranks)
-            grants = apportion(total, [self.rates[r] if measured else 1.0 for r in ranks])
+            grants = covering(apportion(total, [self.rates[r] if measured else 1.0 for r in ranks]),
+                              [self.window[r] for r in ranks])
         else:
             grants = [self._own(r) for r in ranks]
         for rank, granted in zip(ranks, grants):
@@ -183,6 +184,21 @@ class Grants:
         measured = [rate for rate in self.rates if rate is not None]
         limit = fraction * self.every * len(measured) / sum(measured)
         return all(self.since[r] + self.current[r] / self.rates[r] - now <= limit for r in ranks)
+
+
+def covering(grants: list[int], windows: list[int]) -> list[int]:
+    """``grants`` (whose sum is at least that of ``windows``), each raised to at least its worker's window, the
+    updates it runs ahead of its answer anyway, out of the largest grants beyond their windows. A pooled grant below
+    a window left part of that window held while the others' grants spent it: the budget went below nothing, was
+    never spent, and the run never ended."""
+    grants = list(grants)
+    for i, window in enumerate(windows):
+        while grants[i] < window:
+            # the grant furthest above its window, keeping one update where it can (a grant of 0 ends a worker)
+            j = max(range(len(grants)), key=lambda k: (grants[k] - max(windows[k], 1), grants[k] - windows[k]))
+            grants[j] -= 1
+            grants[i] += 1
+    return grants
 
 
 def apportion(total: int, weights: list[float]) -> list[int]:

@@ -278,7 +278,7 @@ class ParameterServer:
 
     def _finished(self) -> bool:
         """Whether no more updates will be granted: the budget is spent, or the run stops."""
-        return bool(self.stop_why) or self.grants.left == 0
+        return bool(self.stop_why) or self.grants.left <= 0
 
     def _release(self, kept: bool = False) -> list[Answer]:
         """Every worker answered at a consistent point, with the same anchor and version: ``save`` if a
@@ -297,7 +297,7 @@ class ParameterServer:
         self.base = [self.version] * self.workers
         now = self.clock()
         ranks = list(range(self.workers))
-        whole = not self.views or self.grants.left == 0
+        whole = not self.views or self.grants.left <= 0
         answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept), "parked": True, "save": save,
                         "final": finished})
                    for r, grant in zip(ranks, self._grants(ranks, now))]
