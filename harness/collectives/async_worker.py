@@ -261,9 +261,10 @@ class AsyncSynchroniser(Synchroniser):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the join: the parameters and anchor saved where the join kept them (else every worker stays on
         the anchor it sent whole), and the residual of a compressed push."""
-        saved_residual = state.get("residual") if self.residual is not None else None
-        kept = [(self.flat.params, state["params"]), (self.anchor, state["anchor"])] if self.kept else []
-        for mine, saved in (*kept, (self.residual or [], saved_residual or [])):
+        restored = [(self.flat.params, state["params"]), (self.anchor, state["anchor"])] if self.kept else []
+        if self.residual is not None and state.get("residual") is not None:
+            restored.append((self.residual, state["residual"]))
+        for mine, saved in restored:
             for t, value in zip(mine, saved):
                 t.copy_(value)
         self.pushed_at = self.step = state["pushed_at"]

@@ -88,6 +88,17 @@ class Int8Codec(Codec):
         return average
 
 
+def encode_with_feedback(codec: Codec, vectors: list[torch.Tensor], carry: list[torch.Tensor]) -> Any:
+    """``vectors`` plus ``carry`` (what earlier encodings left out), flattened into one float32 vector and
+    encoded; ``carry`` then holds what this encoding leaves out (error feedback: nothing is lost, only late)."""
+    whole = torch.cat([v.float() + c for v, c in zip(vectors, carry)])
+    payload = codec.encode(whole)
+    left = whole - codec.decoded(payload)
+    for c, piece in zip(carry, left.split([c.numel() for c in carry])):
+        c.copy_(piece)
+    return payload
+
+
 def make_codec(dtype: str) -> Codec:
     if dtype not in DTYPES:
         raise ValueError(f"outer dtype '{dtype}': choose one of {', '.join(DTYPES)}")

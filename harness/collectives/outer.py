@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .base import Communicator
-from .compress import Codec
+from .compress import Codec, encode_with_feedback
 from .flat import FlatParameters
 from .sync import Synchroniser
 
@@ -146,13 +146,7 @@ class OuterSynchroniser(Synchroniser):
         self.launched[fragment] = step
         params, anchor = self._views(self.flat.params, fragment), self._views(self.anchor, fragment)
         residual = self._views(self.residual, fragment)
-        delta = torch.cat([(a - p).float() + r for a, p, r in zip(anchor, params, residual)])
-        payload = self.codec.encode(delta)
-        sent = self.codec.decoded(payload)
-        offset = 0
-        for r in residual:      # error feedback: what the wire did not carry goes with the next delta
-            r.copy_(delta[offset:offset + r.numel()] - sent[offset:offset + r.numel()])
-            offset += r.numel()
+        payload = encode_with_feedback(self.codec, [a - p for a, p in zip(anchor, params)], residual)
         if fragment == 0:
             for buffer in self.flat.buffers:
                 self.comm.all_reduce(buffer, op="avg")

@@ -187,8 +187,10 @@ class ParameterServer:
             self.grants.deliver(rank, 0)
             self.parked.add(rank)
         else:
-            nbytes = self.wire.nbytes(delta) if self.wire.compressed else sum(t.nbytes for t in delta)
-            delta = self.wire.received(delta, self.anchor) if self.wire.compressed else delta
+            if self.wire.compressed:
+                nbytes, delta = self.wire.nbytes(delta), self.wire.received(delta, self.anchor)
+            else:
+                nbytes = sum(t.nbytes for t in delta)
             self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, waited, nbytes))
         return self._settle()
 
@@ -285,8 +287,9 @@ class ParameterServer:
         checkpoint is due, or the run ends with something new to save (then rank 0, which writes it, gets the
         server's state too), and at the run's end the fastest worker asked to validate the final anchor.
         Compressed pulls (wire.py) send the anchor whole at the join of a new run and once the budget is spent
-        (the run's end, with or without a stop in its last round), else its change as any answer does, so that a stop's release is no different from the answer an uninterrupted
-        run gets there; ``kept``: a resumed run's join, whose workers keep the anchors they saved."""
+        (the run's end, with or without a stop in its last round), else its change as any answer does, so that a
+        stop's release is no different from the answer an uninterrupted run gets there; ``kept``: a resumed run's
+        join, whose workers keep the anchors they saved."""
         finished = self._finished()
         save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
         if save:

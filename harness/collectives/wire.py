@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .compress import Codec
+from .compress import Codec, encode_with_feedback
 
 
 def _moved(payload: Any, device: torch.device | str) -> Any:
@@ -45,13 +45,8 @@ class Wire:
     def send(self, vectors: list[torch.Tensor], carry: list[torch.Tensor] | None = None) -> Any:
         """``vectors`` (plus ``carry``, the error left out before) as one encoded vector, on the host;
         ``carry`` then holds what this encoding leaves out."""
-        whole = torch.cat([v.float() + c for v, c in zip(vectors, carry)] if carry is not None
-                          else [v.float() for v in vectors])
-        payload = self.codec.encode(whole)
-        if carry is not None:
-            left = whole - self.codec.decoded(payload)
-            for c, piece in zip(carry, left.split([c.numel() for c in carry])):
-                c.copy_(piece)
+        payload = encode_with_feedback(self.codec, vectors, carry) if carry is not None else \
+            self.codec.encode(torch.cat([v.float() for v in vectors]))
         return _moved(payload, "cpu")
 
     def received(self, payload: Any, like: list[torch.Tensor]) -> list[torch.Tensor]:
