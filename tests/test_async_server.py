@@ -23,6 +23,7 @@ from harness.data.bad_samples import RunCount
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
+from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.runs import finish, interrupt, start_train
 from tests.helpers.training import cli, flat_params, run_train, train_error
 
@@ -495,3 +496,17 @@ def test_uneven_workers_stopped_by_sigterm_resume_each_from_its_own_update_and_s
 ])
 def test_what_async_mode_cannot_do_is_refused_in_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
+
+
+def test_a_worker_whose_loss_turns_nan_stops_the_run_at_its_next_push_and_the_last_good_checkpoint_stays(tmp_path):
+    """NaN from update 12 on: every worker stops with the run's exit status 1 by the push after it, and the
+    checkpoint due at update 12, which would hold NaN, is not written."""
+    save = tmp_path / "model.pt"
+    run = cli("Train.py", "--model", DIVERGING_MODEL, "--mode", "async", "--max-staleness", "0", "--avg-every", "4",
+              "--max-steps", "40", "--save-every-steps", "4", "--save", str(save), "--log-dir", str(tmp_path / "logs"))
+    assert run.returncode == 1, run.stderr
+    assert "training diverged" in run.stderr and f"the last good checkpoint is {save}" in run.stderr
+    kept = load_checkpoint(save)
+    assert kept["step"] == 8 and all(torch.isfinite(v).all() for v in kept["model"].values())
+    done = next(r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "done")
+    assert done["diverged"] and done["step"] <= 16      # NaN from update 12 on: seen by the push at 12 or 16

@@ -45,12 +45,14 @@ def to_server(ctx: Any) -> Callable[[dict], None]:
 
 
 class Solo(Communicator):
-    """A world of one: every collective leaves the tensor as it is (``out``, if given, gets a copy)."""
+    """A world of one: every collective leaves the tensor as it is (``out``, if given, gets a copy); its tensors
+    live on ``device_type`` (a GPU worker's loss totals and stop flags are on its GPU)."""
 
     backend = "solo"
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
         super().__init__(0, 1)
+        self.device_type = device_type
 
     def _all_reduce(self, t: torch.Tensor, out: torch.Tensor, op: str) -> Work:
         if out is not t:
@@ -87,7 +89,7 @@ class AsyncSynchroniser(Synchroniser):
     def __init__(self, flat: FlatParameters, rank: int, workers: int, ctx: Any,
                  signal: Callable[[], int | None], served: dict | None = None, wire: Wire | None = None,
                  held: list[torch.Tensor] | None = None):
-        super().__init__(Solo(), flat)
+        super().__init__(Solo(flat.params[0].device.type), flat)
         self.rank, self.workers, self.ctx, self.signal = rank, workers, ctx, signal
         self.served, self.wire, self.held = served, wire or Wire(Codec()), held
         self.kept = False               # the join left this worker the anchor it saved (compressed pulls)
@@ -97,6 +99,7 @@ class AsyncSynchroniser(Synchroniser):
         self.at_push: list[torch.Tensor] | None = None     # its parameters at a push whose answer it has not taken
         self.waited = 0.0               # seconds it waited for the last answer it took late
         self.diverged = False           # this worker's loss was not finite (ServerVote): the server stops everyone
+        self.finite: torch.Tensor | None = None     # whether every loss since the last push was, on their device
         self.bad_samples = False        # this worker met more bad samples than it may skip: the same, but saved
         self.anchor = [t.detach().clone() for t in flat.params]
         self.version, self.stop_why = 0, 0
@@ -186,6 +189,8 @@ class AsyncSynchroniser(Synchroniser):
         at the latest, in ``after_step``."""
         nothing_new = step == self.pushed_at
         delta = None if nothing_new else self._pseudo_gradient()
+        if self.finite is not None:         # read once a push, which waits for the device anyway
+            self.diverged, self.finite = self.diverged or not bool(self.finite), None
         why = DIVERGED if self.diverged else self.signal() or (BAD_SAMPLES if self.bad_samples else 0)
         ahead = self.ahead if not (park or nothing_new or why) else 0
         body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
@@ -243,6 +248,12 @@ class AsyncSynchroniser(Synchroniser):
         if "server" in reply:
             self.server_state = {"anchor": host(self.anchor), **reply["server"]}
 
+    def watch(self, loss: torch.Tensor) -> None:
+        """Note whether an update's ``loss`` is finite, on its device: a GPU worker does not wait for each update
+        to know it, the next push reads the note."""
+        finite = torch.isfinite(loss.detach())
+        self.finite = finite if self.finite is None else self.finite & finite
+
     def stopping(self) -> int:
         """The reason every worker stops (a signal's number, or -1: some worker's loss was not finite) once
         the server grants no more, else 0."""
@@ -280,7 +291,7 @@ class ServerVote:
         self.sync = sync
 
     def poll(self, step: int, loss: torch.Tensor) -> tuple[int, bool]:
-        self.sync.diverged = self.sync.diverged or not bool(torch.isfinite(loss))
+        self.sync.watch(loss)
         why = self.sync.stopping()
         return (why, False) if why > 0 else (0, why == DIVERGED)
 

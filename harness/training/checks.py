@@ -253,7 +253,7 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
                           f"from the device; use a fused optimizer (sgd, adam, adamw, adagrad) or drop one of them")
     check_zero(config)
     check_outer(config)
-    check_async(config, gpus)
+    check_async(config)
     if config.amp == "fp16" and not fused:
         impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
         raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
@@ -301,9 +301,9 @@ def check_outer(config: TrainConfig) -> None:
                           f"({config.avg_every} / {config.fragments}), so a fragment's exchange lands before its next")
 
 
-def check_async(config: TrainConfig, gpus: list[int]) -> None:
+def check_async(config: TrainConfig) -> None:
     """--mode async (harness/collectives/server.py) pushes whole pseudo-gradients to the parent's server,
-    and its workers share no collective: what needs one, or is untested there, is refused."""
+    and its workers share no collective: what needs one, or a fragment of the model, is refused."""
     if config.mode != "async":
         if config.max_staleness != TrainConfig.max_staleness:
             raise ConfigError(f"--max-staleness {config.max_staleness} bounds --mode async's server; add --mode async "
@@ -311,11 +311,11 @@ def check_async(config: TrainConfig, gpus: list[int]) -> None:
         return
     clash = ("--fragments" if config.fragments > 1 else
              "--avg-optimizer-state" if config.avg_optimizer_state else
-             "--patience" if config.patience else "--target-error" if config.target_error is not None else
-             "GPU workers" if gpus else None)
+             "--patience" if config.patience else "--target-error" if config.target_error is not None else None)
     if clash:
-        raise ConfigError(f"--mode async does not support {clash} yet (each worker stops on its own there, or it is "
-                          f"untested); drop it, or use --mode param --outer-optimizer nesterov")
+        raise ConfigError(f"--mode async does not support {clash} yet (a whole model is pushed at a time, and the "
+                          f"workers share no collective); "
+                          f"drop it, or use --mode param --outer-optimizer nesterov")
 
 
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:

@@ -141,7 +141,7 @@ class Worker:
         # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
         if self.replica is not None and self.device.type == "cuda":
             nccl.keep_graphs_unregistered()     # before the first communicator (its docstring says why)
-        self.comm = Solo() if self.asynchronous else ctx.communicator()
+        self.comm = Solo(self.device.type) if self.asynchronous else ctx.communicator()
         timeline.mark(self.marks, "communicator")
         if saved:
             self._restore(saved)
