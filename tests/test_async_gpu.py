@@ -25,8 +25,8 @@ def needs_a_gpu() -> None:
 
 @pytest.mark.parametrize("flags", [[], ["--compile"]])
 def test_staleness_0_on_a_gpu_trains_the_parameters_of_synchronous_diloco_in_the_graph(tmp_path, capfd, flags):
-    """Param mode's workers sharing a GPU step eagerly (they signal each other from the host), so the graphed
-    async run is held to them within the graph's own rounding, and an eager async run bit for bit."""
+    """Param mode's workers sharing a GPU step eagerly (they signal each other from the host): an eager async run
+    equals them bit for bit, a graphed one within what graphing changes of an eager step (test_train_gpu.py)."""
     needs_a_gpu()
     common = [*SHARED, *SERVED, "--max-steps", "40", "--save-every-steps", "12", *flags]
     results, graphed = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *common, name="graphed")
@@ -34,7 +34,8 @@ def test_staleness_0_on_a_gpu_trains_the_parameters_of_synchronous_diloco_in_the
     _, eager = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *common, "--no-cuda-graph", name="eager")
     _, synchronous = run_train(tmp_path, "--mode", "param", *common, name="sync")
     assert torch.equal(flat_params(eager), flat_params(synchronous))
-    assert torch.allclose(flat_params(graphed), flat_params(synchronous), rtol=0, atol=1e-6)
+    graphed, synchronous = flat_params(graphed), flat_params(synchronous)
+    assert (graphed - synchronous).norm() <= 1e-5 * synchronous.norm(), (graphed - synchronous).abs().max()
     assert len({r["checksum"] for r in results}) == 1 and [r["step"] for r in results] == [40, 40]
     syncs = [r for r in read_metrics(tmp_path / "graphed" / "metrics.jsonl") if r["event"] == "outer_sync"]
     assert [(r["step"], r["rank"]) for r in syncs] == [(s, rank) for s in range(8, 41, 8) for rank in (0, 1)]
