@@ -49,6 +49,8 @@ def test_outer_syncs_give_the_blocked_share_of_wall_time_and_the_largest_stalene
                {"event": "outer_sync", "blocked_s": 0.5, "staleness": 1},
                {"event": "step", "loss": 2.0}]
     assert outer_sync_figures(records, wall_s=20.0) == (0.1, 1)
+    both = [{**r, "rank": rank} for r, rank in zip(records[:2], (0, 1))] + [{**records[0], "rank": 1}]
+    assert outer_sync_figures(both, wall_s=20.0) == (0.0875, 1)        # (1.5 + 0.5 + 1.5) / 2 workers / 20 s
     assert outer_sync_figures([{"event": "step", "loss": 2.0}], wall_s=20.0) == (None, None)
 
 

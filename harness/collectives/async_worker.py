@@ -99,6 +99,8 @@ class AsyncSynchroniser(Synchroniser):
         self.ahead = 0                  # updates this worker may run past its next push before taking the answer
         self.at_push: list[torch.Tensor] | None = None     # its parameters at a push whose answer it has not taken
         self.waited = 0.0               # seconds it waited for the last answer it took late
+        self.sending = 0.0              # seconds a push that runs ahead took to send
+        self.stood: float | None = None     # seconds it stood still for its last applied push, to send with the next
         self.diverged = False           # this worker's loss was not finite (ServerVote): the server stops everyone
         self.finite: torch.Tensor | None = None     # whether every loss since the last push was, on their device
         self.bad_samples = False        # this worker met more bad samples than it may skip: the same, but saved
@@ -188,6 +190,7 @@ class AsyncSynchroniser(Synchroniser):
         """Push the updates since the last push (every caller has taken the answer to the one before): the
         answer taken now, or (``ahead`` granted, not parking and nothing to report) after ``ahead`` more updates
         at the latest, in ``after_step``."""
+        began = time.monotonic()
         nothing_new = step == self.pushed_at
         delta = None if nothing_new else self._pseudo_gradient()
         if self.finite is not None:         # read once a push, which waits for the device anyway
@@ -195,13 +198,16 @@ class AsyncSynchroniser(Synchroniser):
         why = DIVERGED if self.diverged else self.signal() or (BAD_SAMPLES if self.bad_samples else 0)
         ahead = self.ahead if not (park or nothing_new or why) else 0
         body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
-                "ahead": ahead, "waited": self.waited}
-        self.pushed_at, self.waited = step, 0.0
+                "ahead": ahead, "waited": self.waited, "stood": self.stood}
+        self.pushed_at, self.waited, self.stood = step, 0.0, None
         if ahead:
             self.ctx.ask("server", ("push", body))
             self.at_push = [p.detach().clone() for p in self.flat.params]
+            self.sending = time.monotonic() - began
             return
         self._adopt(self.ctx.request("server", ("push", body)))
+        if delta is not None:
+            self._stood(time.monotonic() - began)
         self._wait()
 
     def _pseudo_gradient(self) -> Any:
@@ -234,7 +240,17 @@ class AsyncSynchroniser(Synchroniser):
         self._adopt(reply)
         for param, progress in zip(self.flat.params, moved):
             param.add_(progress)
+        self._stood(self.sending + time.monotonic() - began)
         self._wait()
+
+    def _stood(self, seconds: float) -> None:
+        """This worker's inner steps stood still ``seconds`` for its push just answered (its pseudo-gradient, the
+        trip, the server, the answer applied): the push's record says it (server.py's ``measured``). Sent with the
+        next push; after the run's last answer, which no push follows, at once."""
+        self.stood = seconds
+        if self.final:
+            self.ctx.ask("server", ("stood", seconds))
+            self.stood = None
 
     def _wait(self) -> None:
         """Granted nothing at a release that is not the run's last (one with fewer updates left than workers):

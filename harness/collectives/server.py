@@ -49,6 +49,12 @@ as streaming DiLoCo's does. Such a push is never parked (its worker is past it):
 it is answered with a grant of the updates set aside for it to run ahead (its window), and the worker pushes
 again, parked, once it has run them.
 
+Each applied push is an ``outer_sync`` record whose ``blocked_s`` is how long its worker's inner steps stood
+still for that exchange (its push, the wait here, the outer step, the answer, taken on the device): the worker
+measures it and sends it with its next message (``stood``), so a record leaves ``drain`` only once its worker has
+sent it, in the order the pushes were applied. Where it never comes (the run's last push, a worker that died) the
+record keeps what the server saw: the time the push waited here (none where its worker ran ahead).
+
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
 """
@@ -97,7 +103,6 @@ class Push:
     park: bool
     arrived: float
     ahead: int = 0          # the updates its worker runs before it takes the answer (--outer-delay)
-    waited: float = 0.0     # seconds its worker waited for the answer to its previous push, where that ran ahead
     nbytes: int = 0         # what it carried on the wire
 
 
@@ -141,6 +146,7 @@ class ParameterServer:
         self.saved = 0                  # the updates applied at the last checkpoint
         self.validator: int | None = None       # the worker to ask for a validation in its next answer
         self.records: collections.deque[dict] = collections.deque()    # appended here, drained by the main thread
+        self.unmeasured: dict[int, dict] = {}   # each worker's last applied push's record, until it sends ``stood``
 
     @property
     def applied(self) -> int:
@@ -171,10 +177,12 @@ class ParameterServer:
         return self._release(kept)
 
     def push(self, rank: int, step: int, updates: int, delta: list[torch.Tensor] | None, park: bool = False,
-             signal: int = 0, ahead: int = 0, waited: float = 0.0) -> list[Answer]:
+             signal: int = 0, ahead: int = 0, waited: float = 0.0, stood: float | None = None) -> list[Answer]:
         """Worker ``rank``'s push after update ``step``, ``updates`` since its last (``signal``: the SIGINT/SIGTERM
-        it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``); returns
-        the answers now due, to this worker or to others that waited."""
+        it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``; ``stood``:
+        the seconds it stood still for its last applied push, ``measured``); returns the answers now due, to this
+        worker or to others that waited."""
+        self.measured(rank, stood)
         if ahead and (park or delta is None or ahead != self.grants.ahead[rank]):
             raise RuntimeError(f"worker {rank} ran {ahead} updates ahead of its push at update {step}, which was "
                                f"{'parked' if park or delta is None else f'set aside {self.grants.ahead[rank]}'}")
@@ -191,7 +199,7 @@ class ParameterServer:
                 nbytes, delta = self.wire.nbytes(delta), self.wire.received(delta, self.anchor)
             else:
                 nbytes = sum(t.nbytes for t in delta)
-            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, waited, nbytes))
+            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, nbytes))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -230,11 +238,12 @@ class ParameterServer:
         for push in batch:
             self.pending.remove(push)
             self._count(push)
-            waited = push.waited + (0.0 if push.ahead else now - push.arrived)     # its worker's own clock, or ours
-            self.records.append({"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
-                                 "blocked_s": waited, "bytes": push.nbytes,
-                                 "staleness": before - push.base, "version": self.version,
-                                 "inner_updates": push.updates, "ahead": push.ahead})
+            record = {"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
+                      "blocked_s": 0.0 if push.ahead else now - push.arrived, "bytes": push.nbytes,
+                      "staleness": before - push.base, "version": self.version,
+                      "inner_updates": push.updates, "ahead": push.ahead}
+            self.records.append(record)
+            self.unmeasured[push.rank] = record
             self.base[push.rank] = self.version
         return self._answer(batch, now)
 
@@ -357,9 +366,18 @@ class ParameterServer:
             self.stop_why = self.stop_why or BAD_SAMPLES
         return []
 
+    def measured(self, rank: int, stood: float | None) -> list[Answer]:
+        """Worker ``rank`` stood still ``stood`` seconds for its last applied push (None: not measured), which
+        that push's record says; any message of the worker's after that push ends the record's wait for it."""
+        record = self.unmeasured.pop(rank, None)
+        if record is not None and stood is not None:
+            record["blocked_s"] = stood
+        return []
+
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
         """``ctx.request("server", request)`` in the parent (``Children.serve``): ("join", state),
-        ("push", {"step", "updates", "delta", "park", "signal"}) or ("report", record)."""
+        ("push", {"step", "updates", "delta", "park", "signal", "ahead", "waited", "stood"}), ("report", record)
+        or ("stood", seconds)."""
         kind, body = request
         if kind == "join":
             return self.join(rank, body)
@@ -367,8 +385,15 @@ class ParameterServer:
             return self.push(rank, **body)
         if kind == "report":
             return self.report(rank, body)
-        raise ValueError(f"request {kind!r}: the parameter server answers join, push and report")
+        if kind == "stood":
+            return self.measured(rank, body)
+        raise ValueError(f"request {kind!r}: the parameter server answers join, push, report and stood")
 
-    def drain(self) -> list[dict]:
-        """The records since the last drain (the parent's main thread writes them)."""
-        return [self.records.popleft() for _ in range(len(self.records))]
+    def drain(self, everything: bool = False) -> list[dict]:
+        """The records since the last drain (the parent's main thread writes them), up to the first whose worker
+        has not sent what it measured (``everything``: all of them, at the run's end)."""
+        waiting = {id(record) for record in self.unmeasured.values()} if not everything else set()
+        drained = []
+        while self.records and id(self.records[0]) not in waiting:
+            drained.append(self.records.popleft())
+        return drained

@@ -197,7 +197,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
                 continue
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
-            served_records(server, progress)
+            served_records(server, progress, everything=record["event"] == "done")
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
@@ -208,11 +208,12 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
         raise
     finally:
-        served_records(server, progress)    # what the workers reported last, also before an error (bad samples)
+        served_records(server, progress, everything=True)   # what the workers reported last, also before an error
 
 
-def served_records(server: Any, progress: Progress) -> None:
+def served_records(server: Any, progress: Progress, everything: bool = False) -> None:
     """--mode async: the records the server took since the last call (outer_sync, the workers' validations and
-    bad samples), logged."""
-    for served in server.drain() if server is not None else ():
+    bad samples), logged; an outer_sync record once its worker has said how long it stood still for it
+    (``everything``: all, at the end)."""
+    for served in server.drain(everything) if server is not None else ():
         progress.handle(served)

@@ -96,9 +96,12 @@ def time_to_target(curve: list[list[float]], target: float | None) -> float | No
 
 def outer_sync_figures(records: list[dict], wall_s: float) -> tuple[float | None, int | None]:
     """(blocked_frac, max_staleness_seen) from the outer_sync records (and any record that carries a
-    staleness); None where a run logged none, as modes without outer syncs do."""
+    staleness); None where a run logged none, as modes without outer syncs do. blocked_frac is a worker's share
+    of the wall-clock stood still for exchanges, the mean over the workers whose records there are (async mode
+    logs every worker's, param mode rank 0's)."""
     syncs = [r for r in records if r.get("event") == "outer_sync"]
-    blocked = sum(r.get("blocked_s") or 0.0 for r in syncs) / wall_s if syncs else None
+    workers = len({r.get("rank", 0) for r in syncs})
+    blocked = sum(r.get("blocked_s") or 0.0 for r in syncs) / workers / wall_s if syncs else None
     staleness = [r["staleness"] for r in records if r.get("staleness") is not None]
     return blocked, max(staleness) if staleness else None
 
