@@ -48,9 +48,11 @@ class OuterOptimizer:
     momentum: float = 0.9
 
     def step(self, anchor: torch.Tensor, delta: torch.Tensor, momentum: torch.Tensor | None) -> None:
+        """One outer step on ``anchor``; ``delta`` is the caller's scratch, overwritten (a model's size of memory
+        not allocated: on a parameter server's CPU, allocating is what an outer step costs most)."""
         if self.kind == "nesterov":
             momentum.mul_(self.momentum).add_(delta)
-            delta = delta.add(momentum, alpha=self.momentum)
+            delta.add_(momentum, alpha=self.momentum)
         anchor.sub_(delta, alpha=self.lr)
 
 

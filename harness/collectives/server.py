@@ -135,6 +135,8 @@ class ParameterServer:
         self.anchor: list[torch.Tensor] | None = None
         self.views: list[list[torch.Tensor]] = []     # compressed pulls: the anchor each worker holds
         self.momentum: list[torch.Tensor] | None = None
+        self.total: list[torch.Tensor] = []     # the pushes of an outer step summed, kept from step to step
+        self.served: list[torch.Tensor] | None = None   # a copy of the anchor answered, until the anchor changes
         self.version = 0
         self.base = [0] * workers
         self.pending: list[Push] = []
@@ -163,7 +165,7 @@ class ParameterServer:
         if len(self.joined) < self.workers:
             return []
         state = self.joined[0]
-        self.anchor = [t.clone() for t in state["anchor"]]
+        self.anchor, self.served = [t.clone() for t in state["anchor"]], None
         saved = state.get("momentum")
         self.momentum = ([t.clone() for t in saved] if saved is not None else [torch.zeros_like(t) for t in self.anchor]) \
             if self.outer.kind == "nesterov" else None
@@ -226,13 +228,16 @@ class ParameterServer:
     def _apply(self, batch: list[Push]) -> list[Answer]:
         """One outer step with the batch's average; its pushes counted, then answered or parked (all of them
         parked if any passes a checkpoint's point: at S = 0 every worker must stop at the same round)."""
-        total = [t.clone() for t in batch[0].delta]
+        self.total = self.total or [torch.empty_like(t, dtype=torch.float32) for t in self.anchor]
+        for t, d in zip(self.total, batch[0].delta):
+            t.copy_(d)
         for push in batch[1:]:
-            for t, d in zip(total, push.delta):
+            for t, d in zip(self.total, push.delta):
                 t.add_(d)
         momentum = self.momentum or [None] * len(self.anchor)
-        for anchor, t, m in zip(self.anchor, total, momentum):     # each push is its 1/N share of a round
+        for anchor, t, m in zip(self.anchor, self.total, momentum):     # each push is its 1/N share of a round
             self.outer.step(anchor, t.div_(self.workers).to(anchor.dtype), m)
+        self.served = None
         before, self.version = self.version, self.version + 1
         now = self.clock()
         for push in batch:
@@ -337,7 +342,9 @@ class ParameterServer:
             if self.wire.compressed:
                 self.views = self.views or [[] for _ in range(self.workers)]
                 self.views[rank] = [t.clone() for t in self.anchor]
-            return {"anchor": [t.clone() for t in self.anchor]}
+            if self.served is None:     # one copy for every answer of this version (they are sent as it is)
+                self.served = [t.clone() for t in self.anchor]
+            return {"anchor": self.served}
         if kept:
             return {"change": None}
         view = self.views[rank]
