@@ -7,17 +7,20 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
 
 from harness import ChildError, Parent
+from harness.collectives import shared
 from harness.collectives.async_worker import BAD_SAMPLES
 from harness.collectives.compress import make_codec
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.grants import Grants, covering
 from harness.collectives.server import HOLD, ParameterServer, Plan
+from harness.collectives.shared import SHARED, SharedAreas
 from harness.collectives.wire import Wire
 from harness.data.bad_samples import RunCount
 from harness.resilience.checkpoint import load_checkpoint
@@ -81,6 +84,30 @@ def test_a_push_s_record_says_how_long_its_worker_stood_still_and_leaves_in_the_
     server.push(0, 8, 4, delta(1.0))                            # applied: every worker pushed for version 2
     assert server.drain() == []
     assert [(r["rank"], r["blocked_s"]) for r in server.drain(everything=True)] == [(0, 0.0), (1, 0.5)]   # ours
+
+
+def test_a_worker_on_the_parent_s_machine_pushes_and_pulls_through_shared_memory(monkeypatch):
+    monkeypatch.setenv("HARNESS_PARENT_PID", str(os.getpid()))
+    areas = SharedAreas.offered([3], cuda=False)
+    assert areas is not None and all(Path(path).exists() for path in areas.paths.values())
+    server = ParameterServer(1, OuterOptimizer("nesterov", 0.7, 0.9), every=4, max_staleness=0, plan=Plan(1000))
+    [(_, answer)] = server.join(0, {"anchor": [torch.ones(3)], "version": 0, "shared": areas.paths})
+    SharedAreas.unlink(areas.paths)
+    assert answer["anchor"] == SHARED and torch.equal(areas.pull[0], torch.ones(3))
+    areas.push[0].copy_(torch.full((3,), 0.5))
+    [(_, answer)] = server.push(0, 4, 4, SHARED)
+    assert answer["anchor"] == SHARED
+    assert torch.allclose(areas.pull[0], torch.full((3,), 1 - 0.7 * (0.5 + 0.9 * 0.5)))     # Nesterov's first step
+    assert server.records[-1]["via"] == "shared memory" and server.records[-1]["bytes"] == 12
+    assert not any(Path(path).exists() for path in areas.paths.values())      # gone once mapped, the mapping stays
+
+
+def test_a_worker_not_forked_by_the_parent_or_without_dev_shm_offers_no_shared_memory(monkeypatch, tmp_path):
+    monkeypatch.delenv("HARNESS_PARENT_PID", raising=False)
+    assert SharedAreas.offered([3], cuda=False) is None
+    monkeypatch.setenv("HARNESS_PARENT_PID", str(os.getpid()))
+    monkeypatch.setattr(shared, "ROOT", tmp_path / "missing")
+    assert SharedAreas.offered([3], cuda=False) is None
 
 
 def test_the_averaged_step_is_the_hand_computed_nesterov_update():
@@ -414,6 +441,7 @@ def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp
     assert [(r["step"], r["rank"], r["staleness"]) for r in syncs] == [(s, rank, 0) for s in range(8, 41, 8)
                                                                        for rank in (0, 1)]
     assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 for r in syncs)
+    assert {r["via"] for r in syncs} == {"shared memory"}       # workers forked on the parent's machine
 
 
 SLOWED = ["--model", slow_model.SPEC, "--model-options", '{"delay": 0.05, "rank": 1}']

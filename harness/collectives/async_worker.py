@@ -31,6 +31,7 @@ from .base import Communicator, Work
 from .compress import Codec
 from .flat import FlatParameters
 from .outer import anchored, host
+from .shared import SHARED, SharedAreas
 from .sync import Synchroniser
 from .wire import Wire
 
@@ -96,6 +97,7 @@ class AsyncSynchroniser(Synchroniser):
         # a compressed push's rounding error, sent with the next push
         self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params] if self.wire.compressed else None
         self.staged: list[torch.Tensor] | None = None      # a GPU worker's fp32 push, on the host
+        self.shared: SharedAreas | None = None      # its pushes and pulls in shared memory (harness/collectives/shared.py)
         self.ahead = 0                  # updates this worker may run past its next push before taking the answer
         self.at_push: list[torch.Tensor] | None = None     # its parameters at a push whose answer it has not taken
         self.waited = 0.0               # seconds it waited for the last answer it took late
@@ -122,7 +124,14 @@ class AsyncSynchroniser(Synchroniser):
             if self.rank == 0 else None
         if self.held is not None:
             state = {**(state or {}), "view": self.held}
+        if not self.wire.compressed:
+            self.shared = SharedAreas.offered([t.numel() for t in self.flat.params], self.flat.params[0].is_cuda)
+        if self.shared is not None:
+            state = {**(state or {}), "shared": self.shared.paths}
         reply = self.ctx.request("server", ("join", state))
+        if self.shared is not None:
+            SharedAreas.unlink(self.shared.paths)
+            self.shared = self.shared if reply.get("anchor") == SHARED else None    # else the server kept the socket
         self.kept = "anchor" not in reply
         self._adopt(reply)
         self._wait()
@@ -218,6 +227,12 @@ class AsyncSynchroniser(Synchroniser):
         delta = [a - p for a, p in zip(self.anchor, self.flat.params)]
         if self.residual is not None:
             return self.wire.send(delta, self.residual)
+        if self.shared is not None:
+            for area, d in zip(self.shared.push, delta):
+                area.copy_(d, non_blocking=True)
+            if delta[0].is_cuda:
+                torch.cuda.current_stream().synchronize()
+            return SHARED
         if delta[0].device.type != "cuda":
             return [d.float() for d in delta]
         if self.staged is None:
@@ -261,7 +276,7 @@ class AsyncSynchroniser(Synchroniser):
     def _adopt(self, reply: dict) -> None:
         """The answer taken: the anchor (or its encoded change, added) in the anchor and the parameters."""
         if "anchor" in reply:
-            for anchor, served in zip(self.anchor, reply["anchor"]):
+            for anchor, served in zip(self.anchor, self.shared.pull if reply["anchor"] == SHARED else reply["anchor"]):
                 anchor.copy_(served)
         elif reply["change"] is not None:       # None: a resumed run's join, which keeps the anchor saved
             for anchor, change in zip(self.anchor, self.wire.received(reply["change"], self.anchor)):

@@ -71,6 +71,7 @@ from .async_worker import BAD_SAMPLES
 from .compress import Codec
 from .grants import Grants
 from .outer import OuterOptimizer
+from .shared import SHARED, SharedAreas
 from .wire import Wire
 
 HOLD = 1.0      # a push waits for workers due back within this share of a round (rule 2): on the slow-link
@@ -137,6 +138,7 @@ class ParameterServer:
         self.momentum: list[torch.Tensor] | None = None
         self.total: list[torch.Tensor] = []     # the pushes of an outer step summed, kept from step to step
         self.served: list[torch.Tensor] | None = None   # a copy of the anchor answered, until the anchor changes
+        self.shared: dict[int, SharedAreas] = {}        # the workers that push and pull through shared memory
         self.version = 0
         self.base = [0] * workers
         self.pending: list[Push] = []
@@ -175,12 +177,26 @@ class ParameterServer:
         views = [(self.joined[r] or {}).get("view") for r in range(self.workers)]
         kept = self.wire.compressed and all(view is not None for view in views)
         self.views = [[t.clone() for t in view] for view in views] if kept else []
+        self.shared = self._attach()
         self.joined = {}
         return self._release(kept)
 
-    def push(self, rank: int, step: int, updates: int, delta: list[torch.Tensor] | None, park: bool = False,
+    def _attach(self) -> dict[int, SharedAreas]:
+        """The shared areas the joined workers offered (harness/collectives/shared.py), mapped; a worker whose areas
+        cannot be mapped here is answered through the socket, which tells it to push there too."""
+        attached = {}
+        for rank, state in self.joined.items():
+            if state and state.get("shared") and not self.wire.compressed:
+                try:
+                    attached[rank] = SharedAreas(state["shared"], [t.numel() for t in self.anchor])
+                except (OSError, RuntimeError):
+                    continue
+        return attached
+
+    def push(self, rank: int, step: int, updates: int, delta: Any, park: bool = False,
              signal: int = 0, ahead: int = 0, waited: float = 0.0, stood: float | None = None) -> list[Answer]:
-        """Worker ``rank``'s push after update ``step``, ``updates`` since its last (``signal``: the SIGINT/SIGTERM
+        """Worker ``rank``'s push after update ``step``, ``updates`` since its last, ``delta`` their pseudo-gradient
+        (fp32 tensors, an encoded vector, SHARED: in its shared area, or None: a park; ``signal``: the SIGINT/SIGTERM
         it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``; ``stood``:
         the seconds it stood still for its last applied push, ``measured``); returns the answers now due, to this
         worker or to others that waited."""
@@ -197,6 +213,8 @@ class ParameterServer:
             self.grants.deliver(rank, 0)
             self.parked.add(rank)
         else:
+            if isinstance(delta, str) and delta == SHARED:
+                delta = self.shared[rank].push
             if self.wire.compressed:
                 nbytes, delta = self.wire.nbytes(delta), self.wire.received(delta, self.anchor)
             else:
@@ -246,7 +264,8 @@ class ParameterServer:
             record = {"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
                       "blocked_s": 0.0 if push.ahead else now - push.arrived, "bytes": push.nbytes,
                       "staleness": before - push.base, "version": self.version,
-                      "inner_updates": push.updates, "ahead": push.ahead}
+                      "inner_updates": push.updates, "ahead": push.ahead,
+                      "via": "shared memory" if push.rank in self.shared else "socket"}
             self.records.append(record)
             self.unmeasured[push.rank] = record
             self.base[push.rank] = self.version
@@ -342,6 +361,10 @@ class ParameterServer:
             if self.wire.compressed:
                 self.views = self.views or [[] for _ in range(self.workers)]
                 self.views[rank] = [t.clone() for t in self.anchor]
+            if rank in self.shared:
+                for area, t in zip(self.shared[rank].pull, self.anchor):
+                    area.copy_(t)
+                return {"anchor": SHARED}
             if self.served is None:     # one copy for every answer of this version (they are sent as it is)
                 self.served = [t.clone() for t in self.anchor]
             return {"anchor": self.served}

@@ -15,7 +15,7 @@ Rows (``bench_slow_link.json``, ``rows``): ``variant``, ``link_mbit``, ``throttl
 ``final_val_loss``, ``wall_s`` (launch to exit), ``time_to_target_s`` (launch to the first validation
 at or below 1.02 x grad mode's final loss; null if never), ``bytes_sent`` (what the hosts put on
 their links, from the bridge ends' rx_bytes: worker to worker and worker to parent),
-``blocked_frac`` (outer_sync records' blocked_s over wall_s), ``max_staleness_seen``, on async rows
+``blocked_frac`` (outer_sync records' blocked_s over wall_s, per worker), ``max_staleness_seen``, on async rows
 ``time_to_diloco_s`` and ``x_diloco_wall`` (to the final loss of the DiLoCo row with the same throttling,
 and that over DiLoCo's wall-clock), ``startup_s``
 (launch to the first update), ``val_curve`` ([seconds since launch, val_loss]) and ``command``.
