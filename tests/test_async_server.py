@@ -27,7 +27,7 @@ from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
-from tests.helpers.runs import finish, interrupt, start_train
+from tests.helpers.runs import finish, interrupt, start_train, wait_for_record, workers_of
 from tests.helpers.training import cli, flat_params, run_train, train_error
 
 
@@ -559,3 +559,21 @@ def test_a_worker_whose_loss_turns_nan_stops_the_run_at_its_next_push_and_the_la
     assert kept["step"] == 8 and all(torch.isfinite(v).all() for v in kept["model"].values())
     done = next(r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "done")
     assert done["diverged"] and done["step"] <= 16      # NaN from update 12 on: seen by the push at 12 or 16
+
+
+def test_a_worker_killed_mid_run_restarts_the_group_from_the_last_checkpoint_and_the_run_ends_as_if_uninterrupted(
+        tmp_path):
+    """The server lives in the parent: a dead worker brings the group back to the last checkpoint (the server's
+    anchor, momentum and budget spent, every worker's own place and state), and at S = 0 that resume is exact."""
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, *SLOWED, "--max-steps", "120",
+             "--save-every-steps", "16", "--max-restarts", "1"]
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    process = start_train(tmp_path, *flags)
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, _ = finish(process, tmp_path)
+    assert status == 0, err
+    restarts = [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "restart"]
+    assert [(r["rank"], r["cause"]) for r in restarts] == [(1, "was killed by signal SIGKILL")]
+    assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    assert left == [] and not list(Path("/dev/shm").glob("harness-async-*"))

@@ -22,8 +22,8 @@ has done its T:
 - A remainder under K/CRUMB goes with the grant before it rather than making a round of its own.
 
 When a worker pushes, the part of its grant it did not run (a worker that stopped early) goes back to the
-budget, so the updates granted and run always add up: at a consistent point (every worker parked) each
-worker's ``given`` is what it has run, the checkpoint's record of the budget.
+budget, so the updates granted and run always add up: at a consistent point (every worker parked), before the
+release grants anything more, each worker's ``given`` is what it has run, the checkpoint's record of the budget.
 
 With --outer-delay D a worker does not wait for a push's answer: it trains on until the answer is there, up
 to D updates. Those are set aside by the answer before (``reserve``: ``ahead``), so the budget never pays for

@@ -334,11 +334,12 @@ class ParameterServer:
         now = self.clock()
         ranks = list(range(self.workers))
         whole = not self.views or self.grants.left <= 0
+        state = self.state() if save else None      # before the grants below: what every worker has run
         answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept), "parked": True, "save": save,
                         "final": finished})
                    for r, grant in zip(ranks, self._grants(ranks, now))]
         if save:
-            answers[0][1]["server"] = self.state()
+            answers[0][1]["server"] = state
         return answers
 
     def _reply(self, rank: int, grant: int, reserve: bool = True, whole: bool = False,
