@@ -26,6 +26,7 @@ from harness.data.bad_samples import RunCount
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
+from tests.helpers.batchnorm_model import SPEC as BATCHNORM_MODEL
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.runs import finish, interrupt, start_train, wait_for_record, workers_of
 from tests.helpers.training import cli, flat_params, run_train, train_error
@@ -442,6 +443,18 @@ def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp
                                                                        for rank in (0, 1)]
     assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 for r in syncs)
     assert {r["via"] for r in syncs} == {"shared memory"}       # workers forked on the parent's machine
+
+
+def test_batchnorm_statistics_are_averaged_at_staleness_0_as_synchronous_diloco_averages_them(tmp_path):
+    """The workers' running statistics go with their pushes, and every answer carries their mean: the same buffers,
+    and so the same parameters, as param mode's all-reduce of them every round."""
+    flags = ["--model", BATCHNORM_MODEL, *SERVED, "--max-steps", "24", "--save-every-steps", "12"]
+    results, served = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *flags, name="async")
+    _, synchronous = run_train(tmp_path, "--mode", "param", *flags, name="sync")
+    served, synchronous = load_checkpoint(served)["model"], load_checkpoint(synchronous)["model"]
+    assert all(torch.equal(served[name], synchronous[name]) for name in synchronous)
+    assert not torch.equal(served["2.running_mean"], torch.zeros(32))      # the statistics did move
+    assert len({r["checksum"] for r in results}) == 1
 
 
 SLOWED = ["--model", slow_model.SPEC, "--model-options", '{"delay": 0.05, "rank": 1}']

@@ -128,6 +128,8 @@ class AsyncSynchroniser(Synchroniser):
             self.shared = SharedAreas.offered([t.numel() for t in self.flat.params], self.flat.params[0].is_cuda)
         if self.shared is not None:
             state = {**(state or {}), "shared": self.shared.paths}
+        if self.rank == 0 and self.flat.buffers:        # rank 0's floating-point buffers start everyone
+            state = {**state, "buffers": host(self.flat.buffers)}
         reply = self.ctx.request("server", ("join", state))
         if self.shared is not None:
             SharedAreas.unlink(self.shared.paths)
@@ -207,7 +209,8 @@ class AsyncSynchroniser(Synchroniser):
         why = DIVERGED if self.diverged else self.signal() or (BAD_SAMPLES if self.bad_samples else 0)
         ahead = self.ahead if not (park or nothing_new or why) else 0
         body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
-                "ahead": ahead, "waited": self.waited, "stood": self.stood}
+                "ahead": ahead, "waited": self.waited, "stood": self.stood,
+                "buffers": host(self.flat.buffers) if delta is not None and self.flat.buffers else None}
         self.pushed_at, self.waited, self.stood = step, 0.0, None
         if ahead:
             self.ctx.ask("server", ("push", body))
@@ -283,6 +286,8 @@ class AsyncSynchroniser(Synchroniser):
                 anchor.add_(change)
         for anchor, param in zip(self.anchor, self.flat.params):
             param.copy_(anchor)
+        for buffer, served in zip(self.flat.buffers, reply.get("buffers") or ()):
+            buffer.copy_(served)
         self.version, self.stop_why, self.grant = reply["version"], reply["stop_why"], reply["grant"]
         self.ahead = reply.get("ahead", 0)
         self.updates, self.parked, self.final = reply["updates"], reply["parked"], reply["final"]

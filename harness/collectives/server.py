@@ -105,6 +105,7 @@ class Push:
     arrived: float
     ahead: int = 0          # the updates its worker runs before it takes the answer (--outer-delay)
     nbytes: int = 0         # what it carried on the wire
+    buffers: list[torch.Tensor] | None = None   # its model's floating-point buffers (BatchNorm statistics)
 
 
 def passes(before: int, after: int, every: int) -> bool:
@@ -139,6 +140,7 @@ class ParameterServer:
         self.total: list[torch.Tensor] = []     # the pushes of an outer step summed, kept from step to step
         self.served: list[torch.Tensor] | None = None   # a copy of the anchor answered, until the anchor changes
         self.shared: dict[int, SharedAreas] = {}        # the workers that push and pull through shared memory
+        self.buffers: list[list[torch.Tensor]] = []     # the floating-point buffers each worker holds, as last told
         self.version = 0
         self.base = [0] * workers
         self.pending: list[Push] = []
@@ -178,6 +180,7 @@ class ParameterServer:
         kept = self.wire.compressed and all(view is not None for view in views)
         self.views = [[t.clone() for t in view] for view in views] if kept else []
         self.shared = self._attach()
+        self.buffers = [state["buffers"]] * self.workers if state.get("buffers") else []     # rank 0's, to everyone
         self.joined = {}
         return self._release(kept)
 
@@ -194,12 +197,13 @@ class ParameterServer:
         return attached
 
     def push(self, rank: int, step: int, updates: int, delta: Any, park: bool = False,
-             signal: int = 0, ahead: int = 0, waited: float = 0.0, stood: float | None = None) -> list[Answer]:
+             signal: int = 0, ahead: int = 0, waited: float = 0.0, stood: float | None = None,
+             buffers: list[torch.Tensor] | None = None) -> list[Answer]:
         """Worker ``rank``'s push after update ``step``, ``updates`` since its last, ``delta`` their pseudo-gradient
         (fp32 tensors, an encoded vector, SHARED: in its shared area, or None: a park; ``signal``: the SIGINT/SIGTERM
         it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``; ``stood``:
-        the seconds it stood still for its last applied push, ``measured``); returns the answers now due, to this
-        worker or to others that waited."""
+        the seconds it stood still for its last applied push, ``measured``; ``buffers``: its model's floating-point
+        buffers, ``averaged``); returns the answers now due, to this worker or to others that waited."""
         self.measured(rank, stood)
         if ahead and (park or delta is None or ahead != self.grants.ahead[rank]):
             raise RuntimeError(f"worker {rank} ran {ahead} updates ahead of its push at update {step}, which was "
@@ -219,7 +223,8 @@ class ParameterServer:
                 nbytes, delta = self.wire.nbytes(delta), self.wire.received(delta, self.anchor)
             else:
                 nbytes = sum(t.nbytes for t in delta)
-            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, nbytes))
+            self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, nbytes,
+                                     buffers))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -261,6 +266,8 @@ class ParameterServer:
         for push in batch:
             self.pending.remove(push)
             self._count(push)
+            if push.buffers is not None and self.buffers:
+                self.buffers[push.rank] = push.buffers
             record = {"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
                       "blocked_s": 0.0 if push.ahead else now - push.arrived, "bytes": push.nbytes,
                       "staleness": before - push.base, "version": self.version,
@@ -282,8 +289,11 @@ class ParameterServer:
                 ending.append(push.rank)
             else:
                 self.parked.add(push.rank)
-        answers = [(rank, self._reply(rank, grant)) for rank, grant in zip(answered, self._grants(answered, now))]
-        answers += [(rank, self._reply(rank, self.grants.settle(rank, now), reserve=False)) for rank in ending]
+        buffers = self._averaged()
+        answers = [(rank, self._reply(rank, grant, buffers=buffers))
+                   for rank, grant in zip(answered, self._grants(answered, now))]
+        answers += [(rank, self._reply(rank, self.grants.settle(rank, now), reserve=False, buffers=buffers))
+                    for rank in ending]
         for push in batch:
             if push.ahead:      # its worker started this grant at its push, not at our answer
                 self.grants.since[push.rank] = push.arrived
@@ -335,7 +345,8 @@ class ParameterServer:
         ranks = list(range(self.workers))
         whole = not self.views or self.grants.left <= 0
         state = self.state() if save else None      # before the grants below: what every worker has run
-        answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept), "parked": True, "save": save,
+        buffers = self._averaged()
+        answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept, buffers=buffers), "parked": True, "save": save,
                         "final": finished})
                    for r, grant in zip(ranks, self._grants(ranks, now))]
         if save:
@@ -343,17 +354,35 @@ class ParameterServer:
         return answers
 
     def _reply(self, rank: int, grant: int, reserve: bool = True, whole: bool = False,
-               kept: bool = False) -> dict[str, Any]:
+               kept: bool = False, buffers: list[torch.Tensor] | None = None) -> dict[str, Any]:
         """The anchor (``_anchor_for``) and version, the worker's next grant, whether it is to validate that
-        anchor, and (``reserve``, --outer-delay) the updates it may run past its next push before it takes
-        that push's answer."""
+        anchor, (``reserve``, --outer-delay) the updates it may run past its next push before it takes
+        that push's answer, and the floating-point ``buffers`` it is to hold (``_averaged``)."""
+        if buffers is not None:
+            self.buffers[rank] = buffers
         validate = self.validator == rank
         if validate:
             self.validator = None
         ahead = self.grants.reserve(rank, self.ahead) if reserve and grant and not self._finished() else 0
         return {**self._anchor_for(rank, whole, kept), "version": self.version, "grant": grant,
                 "updates": self.applied, "validate": validate, "stop_why": self.stop_why, "parked": False,
-                "save": False, "final": False, "ahead": ahead}
+                "save": False, "final": False, "ahead": ahead, "buffers": buffers}
+
+    def _averaged(self) -> list[torch.Tensor] | None:
+        """The floating-point buffers (BatchNorm statistics) every worker is answered with: the mean of those the
+        workers hold, each as it last pushed them or was answered, summed in rank order and divided by N (param
+        mode's all-reduce); where every worker holds the same ones already, those very tensors. None: the model
+        has none."""
+        if not self.buffers:
+            return None
+        first = self.buffers[0]
+        if all(held is first for held in self.buffers):
+            return first
+        total = [t.clone() for t in first]
+        for held in self.buffers[1:]:
+            for t, b in zip(total, held):
+                t.add_(b)
+        return [t.div_(self.workers) for t in total]
 
     def _anchor_for(self, rank: int, whole: bool, kept: bool = False) -> dict[str, Any]:
         """``anchor``: a copy of the anchor (the server goes on updating its own), at fp32 and where ``whole``;
