@@ -6,6 +6,8 @@ import itertools
 import json
 import os
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -88,27 +90,71 @@ def test_a_push_s_record_says_how_long_its_worker_stood_still_and_leaves_in_the_
 
 
 def test_a_worker_on_the_parent_s_machine_pushes_and_pulls_through_shared_memory(monkeypatch):
-    monkeypatch.setenv("HARNESS_PARENT_PID", str(os.getpid()))
+    monkeypatch.setenv("HARNESS_ON_PARENT_MACHINE", "1")
     areas = SharedAreas.offered([3], cuda=False)
     assert areas is not None and all(Path(path).exists() for path in areas.paths.values())
     server = ParameterServer(1, OuterOptimizer("nesterov", 0.7, 0.9), every=4, max_staleness=0, plan=Plan(1000))
     [(_, answer)] = server.join(0, {"anchor": [torch.ones(3)], "version": 0, "shared": areas.paths})
-    SharedAreas.unlink(areas.paths)
+    assert not any(Path(path).exists() for path in areas.paths.values())      # unlinked once mapped
     assert answer["anchor"] == SHARED and torch.equal(areas.pull[0], torch.ones(3))
     areas.push[0].copy_(torch.full((3,), 0.5))
     [(_, answer)] = server.push(0, 4, 4, SHARED)
     assert answer["anchor"] == SHARED
     assert torch.allclose(areas.pull[0], torch.full((3,), 1 - 0.7 * (0.5 + 0.9 * 0.5)))     # Nesterov's first step
     assert server.records[-1]["via"] == "shared memory" and server.records[-1]["bytes"] == 12
-    assert not any(Path(path).exists() for path in areas.paths.values())      # gone once mapped, the mapping stays
 
 
 def test_a_worker_not_forked_by_the_parent_or_without_dev_shm_offers_no_shared_memory(monkeypatch, tmp_path):
-    monkeypatch.delenv("HARNESS_PARENT_PID", raising=False)
+    monkeypatch.delenv("HARNESS_ON_PARENT_MACHINE", raising=False)
     assert SharedAreas.offered([3], cuda=False) is None
-    monkeypatch.setenv("HARNESS_PARENT_PID", str(os.getpid()))
+    monkeypatch.setenv("HARNESS_ON_PARENT_MACHINE", "1")
     monkeypatch.setattr(shared, "ROOT", tmp_path / "missing")
     assert SharedAreas.offered([3], cuda=False) is None
+
+
+def test_areas_named_on_another_machine_are_not_made_here_and_that_worker_is_answered_through_the_socket(tmp_path):
+    elsewhere = {what: str(tmp_path / f"harness-async-1-0-{what}") for what in ("push", "pull")}
+    server = ParameterServer(1, OuterOptimizer("nesterov", 0.7, 0.9), every=4, max_staleness=0, plan=Plan(1000))
+    [(_, answer)] = server.join(0, {"anchor": [torch.ones(3)], "version": 0, "shared": elsewhere})
+    assert torch.equal(answer["anchor"][0], torch.ones(3)) and list(tmp_path.iterdir()) == []
+    server.push(0, 4, 4, [torch.full((3,), 0.5)])
+    assert server.records[-1]["via"] == "socket"
+
+
+def test_what_a_worker_that_died_before_its_join_left_in_dev_shm_is_swept(monkeypatch, tmp_path):
+    monkeypatch.setenv("HARNESS_ON_PARENT_MACHINE", "1")
+    monkeypatch.setattr(shared, "ROOT", tmp_path)
+    areas = SharedAreas.offered([3], cuda=False)
+    assert len(list(tmp_path.iterdir())) == 2
+    SharedAreas.sweep([os.getpid() + 1])
+    assert len(list(tmp_path.iterdir())) == 2         # another process's are left alone
+    SharedAreas.sweep([os.getpid()])
+    assert list(tmp_path.iterdir()) == [] and torch.equal(areas.push[0], torch.zeros(3))     # still mapped
+
+
+def test_records_drained_while_the_socket_s_thread_serves_pushes_leave_once_each_and_only_once_measured():
+    """``handle`` runs on the thread that reads the socket, ``drain`` on the main thread (driver.served_records)."""
+    workers, rounds = 8, 600
+    server = started(workers, 0)
+    def serve():
+        for i in range(1, rounds + 1):
+            for rank in range(workers):
+                server.handle(rank, ("push", {"step": 4 * i, "updates": 4, "delta": delta(1.0), "stood": 1.0}))
+    pushing = threading.Thread(target=serve)
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)             # the threads take turns as often as they can
+    try:
+        pushing.start()
+        drained = []
+        while pushing.is_alive():
+            drained += server.drain()
+        pushing.join()
+    finally:
+        sys.setswitchinterval(switching)
+    drained += server.drain(everything=True)
+    assert len(drained) == workers * rounds and len({id(r) for r in drained}) == len(drained)
+    measured = drained[:-workers]           # every push but the last of each worker was followed by its measure
+    assert all(r["blocked_s"] == 1.0 for r in measured)
 
 
 def test_the_averaged_step_is_the_hand_computed_nesterov_update():

@@ -130,10 +130,13 @@ class AsyncSynchroniser(Synchroniser):
             state = {**(state or {}), "shared": self.shared.paths}
         if self.rank == 0 and self.flat.buffers:        # rank 0's floating-point buffers start everyone
             state = {**state, "buffers": host(self.flat.buffers)}
-        reply = self.ctx.request("server", ("join", state))
-        if self.shared is not None:
-            SharedAreas.unlink(self.shared.paths)
-            self.shared = self.shared if reply.get("anchor") == SHARED else None    # else the server kept the socket
+        try:
+            reply = self.ctx.request("server", ("join", state))
+        finally:
+            if self.shared is not None:
+                SharedAreas.unlink(self.shared.paths)
+        if self.shared is not None and reply.get("anchor") != SHARED:     # the server could not map them
+            self.shared = None
         self.kept = "anchor" not in reply
         self._adopt(reply)
         self._wait()

@@ -61,6 +61,7 @@ runs on its socket thread and returns the answers to send; tests call ``join``/`
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -153,6 +154,7 @@ class ParameterServer:
         self.validator: int | None = None       # the worker to ask for a validation in its next answer
         self.records: collections.deque[dict] = collections.deque()    # appended here, drained by the main thread
         self.unmeasured: dict[int, dict] = {}   # each worker's last applied push's record, until it sends ``stood``
+        self.lock = threading.Lock()            # ``handle`` runs on the socket's thread, ``drain`` on the main one
 
     @property
     def applied(self) -> int:
@@ -185,15 +187,16 @@ class ParameterServer:
         return self._release(kept)
 
     def _attach(self) -> dict[int, SharedAreas]:
-        """The shared areas the joined workers offered (harness/collectives/shared.py), mapped; a worker whose areas
-        cannot be mapped here is answered through the socket, which tells it to push there too."""
+        """The shared areas the joined workers offered (harness/collectives/shared.py), mapped and unlinked; a
+        worker whose areas are not on this machine is answered through the socket, which tells it to push there."""
         attached = {}
         for rank, state in self.joined.items():
             if state and state.get("shared") and not self.wire.compressed:
                 try:
                     attached[rank] = SharedAreas(state["shared"], [t.numel() for t in self.anchor])
-                except (OSError, RuntimeError):
+                except (OSError, ValueError):
                     continue
+                SharedAreas.unlink(state["shared"])
         return attached
 
     def push(self, rank: int, step: int, updates: int, delta: Any, park: bool = False,
@@ -435,9 +438,13 @@ class ParameterServer:
         return []
 
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
-        """``ctx.request("server", request)`` in the parent (``Children.serve``): ("join", state),
-        ("push", {"step", "updates", "delta", "park", "signal", "ahead", "waited", "stood"}), ("report", record)
-        or ("stood", seconds)."""
+        """``ctx.request("server", request)`` in the parent (``Children.serve``, on the thread that reads the
+        socket): ("join", state), ("push", {"step", "updates", "delta", "park", "signal", "ahead", "waited", "stood",
+        "buffers"}), ("report", record) or ("stood", seconds)."""
+        with self.lock:
+            return self._handle(rank, request)
+
+    def _handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
         kind, body = request
         if kind == "join":
             return self.join(rank, body)
@@ -452,8 +459,9 @@ class ParameterServer:
     def drain(self, everything: bool = False) -> list[dict]:
         """The records since the last drain (the parent's main thread writes them), up to the first whose worker
         has not sent what it measured (``everything``: all of them, at the run's end)."""
-        waiting = {id(record) for record in self.unmeasured.values()} if not everything else set()
-        drained = []
-        while self.records and id(self.records[0]) not in waiting:
-            drained.append(self.records.popleft())
-        return drained
+        with self.lock:     # the socket's thread adds records and measures while the main thread drains
+            waiting = {id(record) for record in self.unmeasured.values()} if not everything else set()
+            drained = []
+            while self.records and id(self.records[0]) not in waiting:
+                drained.append(self.records.popleft())
+            return drained

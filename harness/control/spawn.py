@@ -102,8 +102,9 @@ def environment(rank: int, n: int, gpu: int | None, place: tuple[str, int, int],
     })
     if remote:      # its parent process is sshd's or slurmstepd's: it watches for our heartbeats instead
         env["HARNESS_HEARTBEAT_TIMEOUT"] = str(heartbeat_timeout)
-    else:
-        env["HARNESS_PARENT_PID"] = str(os.getpid())
+        env.pop("HARNESS_ON_PARENT_MACHINE", None)
+    else:           # and it may share memory with us (harness/collectives/shared.py)
+        env.update({"HARNESS_PARENT_PID": str(os.getpid()), "HARNESS_ON_PARENT_MACHINE": "1"})
     return env
 
 

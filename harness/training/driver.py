@@ -178,6 +178,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     place when a worker dies, if it may be; otherwise the failure ends the group (stopped). --mode async:
     the parent serves the parameter server (its records, outer_sync and the workers' validations, logged
     as rank 0's records come, before them)."""
+    from harness.collectives.shared import SharedAreas
     from harness.training.build import make_server
     from harness.training.loop import train_worker
     server = make_server(config, steps_per_epoch) if config.mode == "async" else None
@@ -197,7 +198,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
                 continue
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
-            served_records(server, progress, everything=record["event"] == "done")
+            served_records(server, progress)
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
@@ -209,6 +210,8 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         raise
     finally:
         served_records(server, progress, everything=True)   # what the workers reported last, also before an error
+        if server is not None:
+            SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
 
 
 def served_records(server: Any, progress: Progress, everything: bool = False) -> None:
