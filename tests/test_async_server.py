@@ -624,7 +624,7 @@ def test_a_worker_killed_mid_run_restarts_the_group_from_the_last_checkpoint_and
         tmp_path):
     """The server lives in the parent: a dead worker brings the group back to the last checkpoint (the server's
     anchor, momentum and budget spent, every worker's own place and state), and at S = 0 that resume is exact."""
-    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, *SLOWED, "--max-steps", "120",
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, *SLOWED, "--max-steps", "64",
              "--save-every-steps", "16", "--max-restarts", "1"]
     _, straight = run_train(tmp_path, *flags, name="straight")
     process = start_train(tmp_path, *flags)
