@@ -363,6 +363,21 @@ def test_grants_follow_the_measured_speed_and_spend_the_budget_exactly():
     assert abs(ended[0] - ended[1]) < 1.0       # the last grants shrink so that both end within one slow update
 
 
+def test_a_resumed_server_grants_by_the_rates_its_checkpoint_measured_from_its_first_round():
+    clock = Clock()
+    server = started(2, 1, clock=clock)
+    clock.now = 2.0
+    server.push(0, 4, 4, delta(0.1))                # rank 0: 4 updates in 2 s; rank 1: 4 in 4 s
+    clock.now = 4.0
+    server.push(1, 4, 4, delta(0.1), park=True)
+    server.push(0, 8, 4, delta(0.1), park=True)
+    saved = server.state()
+    assert saved["rates"] == [2.0, 1.0]
+    resumed = ParameterServer(2, OuterOptimizer("nesterov", 0.7, 0.9), every=4, max_staleness=1, plan=Plan(1000))
+    answers = resumed.join(0, {"anchor": [torch.zeros(3)], **saved}) + resumed.join(1, None)
+    assert sorted((rank, a["grant"]) for rank, a in answers) == [(0, 5), (1, 3)]     # K x rate / mean, not 4 each
+
+
 def test_at_staleness_0_every_worker_is_granted_k_out_of_its_own_share_whatever_its_speed():
     ran, _ = simulated((2.0, 1.0), 410, proportional=False)
     assert ran == [[50, 50, 50, 50, 5]] * 2

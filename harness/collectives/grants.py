@@ -36,8 +36,8 @@ worker waited for that answer (the push brings it: a fast worker that waited for
 
 The same measurements tell the server when a worker is due back (``back_within``: the server lets a push
 wait for workers about to come back, so that their pushes are averaged rather than applied one by one,
-each stale) and which worker is the fastest (``fastest``: the one asked to validate). Rates are not
-checkpointed: a resumed run grants K until it has measured them again.
+each stale) and which worker is the fastest (``fastest``: the one asked to validate). The rates go with a
+checkpoint, so a resumed run grants by them from its first round, until it has measured them again.
 """
 from __future__ import annotations
 

@@ -177,6 +177,7 @@ class ParameterServer:
             if self.outer.kind == "nesterov" else None
         self.version, self.base = state.get("version", 0), [state.get("version", 0)] * self.workers
         self.grants.given = list(state.get("updates") or [0] * self.workers)
+        self.grants.rates = list(state.get("rates") or [None] * self.workers)    # a resumed run's, as measured then
         self.saved = self.applied
         views = [(self.joined[r] or {}).get("view") for r in range(self.workers)]
         kept = self.wire.compressed and all(view is not None for view in views)
@@ -411,10 +412,10 @@ class ParameterServer:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a
-        consistent point: the outer momentum, the version and the updates each worker has run (the budget
-        spent); with compressed pulls the anchor too (each worker saves its own view of it, which its join brings
+        consistent point: the outer momentum, the version, the updates each worker has run (the budget
+        spent) and their measured rates (a resumed run grants by them from its first round); with compressed pulls the anchor too (each worker saves its own view of it, which its join brings
         back)."""
-        state = {"version": self.version, "updates": list(self.grants.given),
+        state = {"version": self.version, "updates": list(self.grants.given), "rates": list(self.grants.rates),
                  "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
         if self.wire.compressed:        # rank 0 holds its view of the anchor: the anchor goes with the state
             state["anchor"] = [t.clone() for t in self.anchor]

@@ -340,13 +340,9 @@ class Worker:
         if s.step == self.first:
             first_loss = loss.item()
             timeline.mark(self.marks, "first_step")
-            ranks = self.ctx.exchange(self.ctx.unique_tag("memory"),
-                                      {"rank": self.rank,
-                                       **memory_usage(self.flat, self.sync, self.optimizers(), self.device)})
             if self.lead:
                 self.ctx.send({"event": "first_step", "step": s.step, "loss": first_loss})
-                largest = self.shards.largest_bucket_mb() if self.shards is not None else None
-                self.ctx.send({"event": "memory", "zero": self.config.zero, "largest_bucket_mb": largest, "ranks": ranks})
+            self.report_memory()
         if not self.lead or time.monotonic() - self.last_report < REPORT_EVERY_S:
             return
         self.last_report = time.monotonic()
@@ -357,6 +353,20 @@ class Worker:
                        "lr": self.lr_at(s.step - 1),
                        **({"grad_norm": self.train_step.grad_norm.item()} if self.config.clip_grad else {}),
                        **(self.scaler.report() if self.scaler is not None else {})})
+
+    def report_memory(self) -> None:
+        """After the first update, every rank's memory in one "memory" record of rank 0's. --mode async: one record
+        a worker, through the server, for its workers share no collective (a worker granted a single update would
+        wait in its push for one that waits here for it)."""
+        mine = {"rank": self.rank, **memory_usage(self.flat, self.sync, self.optimizers(), self.device)}
+        largest = self.shards.largest_bucket_mb() if self.shards is not None else None
+        if self.asynchronous:
+            to_server(self.ctx)({"event": "memory", "zero": self.config.zero, "largest_bucket_mb": largest,
+                                 "ranks": [mine]})
+            return
+        ranks = self.ctx.exchange(self.ctx.unique_tag("memory"), mine)
+        if self.lead:
+            self.ctx.send({"event": "memory", "zero": self.config.zero, "largest_bucket_mb": largest, "ranks": ranks})
 
     def lr_at(self, update: int) -> float:
         c = self.config
