@@ -248,6 +248,8 @@ class Worker:
                 if not self.config.heal_in_place:
                     raise
                 self.recover(error)
+        if self.asynchronous and self.save_due():   # a worker resumed at its own share, granted nothing: the others'
+            self.save()                             # checkpoint is its too, though it ran no epoch to save in
         self.sync.finish()      # first: an async worker that stopped alone (its bad samples) parks, so the others stop
         bad = self.bad.gather(self.state.step, final=True)     # the last updates' bad samples: every rank, also one
         self.state.stop = self.state.stop or bad                # that stopped alone (async), for the exchange in it
