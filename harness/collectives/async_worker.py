@@ -233,20 +233,16 @@ class AsyncSynchroniser(Synchroniser):
         delta = [a - p for a, p in zip(self.anchor, self.flat.params)]
         if self.residual is not None:
             return self.wire.send(delta, self.residual)
-        if self.shared is not None:
-            for area, d in zip(self.shared.push, delta):
-                area.copy_(d, non_blocking=True)
-            if delta[0].is_cuda:
-                torch.cuda.current_stream().synchronize()
-            return SHARED
-        if delta[0].device.type != "cuda":
+        if self.shared is None and not delta[0].is_cuda:
             return [d.float() for d in delta]
-        if self.staged is None:
+        if self.shared is None and self.staged is None:
             self.staged = [torch.empty(d.shape, dtype=torch.float32, pin_memory=True) for d in delta]
-        for staged, d in zip(self.staged, delta):
-            staged.copy_(d, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        return self.staged
+        on_host = self.shared.push if self.shared is not None else self.staged
+        for kept, d in zip(on_host, delta):
+            kept.copy_(d, non_blocking=True)
+        if delta[0].is_cuda:
+            torch.cuda.current_stream().synchronize()
+        return SHARED if self.shared is not None else on_host
 
     def _collect(self) -> None:
         """Take the answer to a push that ran ahead, if one is out: the parameters become the new anchor plus

@@ -109,6 +109,19 @@ class Push:
     buffers: list[torch.Tensor] | None = None   # its model's floating-point buffers (BatchNorm statistics)
 
 
+def mean_into(total: list[torch.Tensor], parts: list[list[torch.Tensor]], n: int) -> list[torch.Tensor]:
+    """``parts`` (lists of tensors like ``total``) summed in their order into ``total``, then divided by ``n``, as a
+    gloo all-reduce averages (so that S = 0 is param mode's arithmetic); returns ``total``."""
+    for t, first in zip(total, parts[0]):
+        t.copy_(first)
+    for part in parts[1:]:
+        for t, more in zip(total, part):
+            t.add_(more)
+    for t in total:
+        t.div_(n)
+    return total
+
+
 def passes(before: int, after: int, every: int) -> bool:
     """Whether counting from ``before`` to ``after`` passes a multiple of ``every`` (0: never)."""
     return bool(every) and before // every < after // every
@@ -256,14 +269,10 @@ class ParameterServer:
         """One outer step with the batch's average; its pushes counted, then answered or parked (all of them
         parked if any passes a checkpoint's point: at S = 0 every worker must stop at the same round)."""
         self.total = self.total or [torch.empty_like(t, dtype=torch.float32) for t in self.anchor]
-        for t, d in zip(self.total, batch[0].delta):
-            t.copy_(d)
-        for push in batch[1:]:
-            for t, d in zip(self.total, push.delta):
-                t.add_(d)
+        mean_into(self.total, [push.delta for push in batch], self.workers)     # each push its 1/N share of a round
         momentum = self.momentum or [None] * len(self.anchor)
-        for anchor, t, m in zip(self.anchor, self.total, momentum):     # each push is its 1/N share of a round
-            self.outer.step(anchor, t.div_(self.workers).to(anchor.dtype), m)
+        for anchor, t, m in zip(self.anchor, self.total, momentum):
+            self.outer.step(anchor, t.to(anchor.dtype), m)
         self.served = None
         before, self.version = self.version, self.version + 1
         now = self.clock()
@@ -382,11 +391,7 @@ class ParameterServer:
         first = self.buffers[0]
         if all(held is first for held in self.buffers):
             return first
-        total = [t.clone() for t in first]
-        for held in self.buffers[1:]:
-            for t, b in zip(total, held):
-                t.add_(b)
-        return [t.div_(self.workers) for t in total]
+        return mean_into([torch.empty_like(t) for t in first], self.buffers, self.workers)
 
     def _anchor_for(self, rank: int, whole: bool, kept: bool = False) -> dict[str, Any]:
         """``anchor``: a copy of the anchor (the server goes on updating its own), at fp32 and where ``whole``;

@@ -361,14 +361,14 @@ class Worker:
         a worker, through the server, for its workers share no collective (a worker granted a single update would
         wait in its push for one that waits here for it)."""
         mine = {"rank": self.rank, **memory_usage(self.flat, self.sync, self.optimizers(), self.device)}
-        largest = self.shards.largest_bucket_mb() if self.shards is not None else None
+        record = {"event": "memory", "zero": self.config.zero,
+                  "largest_bucket_mb": self.shards.largest_bucket_mb() if self.shards is not None else None}
         if self.asynchronous:
-            to_server(self.ctx)({"event": "memory", "zero": self.config.zero, "largest_bucket_mb": largest,
-                                 "ranks": [mine]})
-            return
-        ranks = self.ctx.exchange(self.ctx.unique_tag("memory"), mine)
-        if self.lead:
-            self.ctx.send({"event": "memory", "zero": self.config.zero, "largest_bucket_mb": largest, "ranks": ranks})
+            to_server(self.ctx)({**record, "ranks": [mine]})
+        else:
+            ranks = self.ctx.exchange(self.ctx.unique_tag("memory"), mine)
+            if self.lead:
+                self.ctx.send({**record, "ranks": ranks})
 
     def lr_at(self, update: int) -> float:
         c = self.config
