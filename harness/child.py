@@ -160,6 +160,13 @@ class Context:
             self.generation = notice["generation"]
         return notice
 
+    def follow_heal(self, generation: int) -> None:
+        """A survivor of a group forked ``independent``, which no death aborts and so never awaits a heal, has
+        learned from the running code that the group is in ``generation`` now: from here on its exchanges are that
+        generation's, their tags counted afresh, as the replacement's are."""
+        if generation > self.generation:
+            self.generation, self._server.tags = generation, {}
+
     def communicator(self, backend: str | None = None, **options: Any):
         """Collective call on every child: a communicator over all ranks ("nccl" on GPU children,
         "gloo" on CPU children unless ``backend`` says otherwise)."""

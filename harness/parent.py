@@ -72,11 +72,11 @@ class Children:
 
     def __init__(self, n: int, key: bytes, socket: zmq.Socket, environments: list[dict[str, str]],
                  heartbeat_timeout: float, heal: bool = False, launcher: Launcher | None = None,
-                 hosts: Sequence[str] = ()):
+                 hosts: Sequence[str] = (), independent: bool = False):
         launcher = launcher or Local()
         self._hosts = list(hosts) or ["localhost"] * n
         starter = Starter(launcher, self._hosts, environments, keep_spare=heal and not launcher.remote)
-        self._watch = Supervisor(starter, heartbeat_timeout, heal, launcher.remote)
+        self._watch = Supervisor(starter, heartbeat_timeout, heal, launcher.remote, independent)
         self._mail = Mailbox(self._watch)
         self._link = Link(socket, key, self._mail.dispatch, self._watch.housekeeping)
         self._watch.start(self._link)
@@ -194,11 +194,13 @@ class Parent:
     def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None,
              preload: Sequence[str] = (), heal: bool = False, launcher: Launcher | str | None = None,
              hosts: str | None = None, hostfile: str | None = None, address: str | None = None,
-             encrypt: bool = False) -> Children:
+             encrypt: bool = False, independent: bool = False) -> Children:
         """Start ``n`` children. ``gpus``: None for CPU children, "all" or a list of GPU indices.
         ``preload``: modules each child imports while it waits for its first exec (torch, say), so
         that a fork made before the parent's own slow work overlaps it. ``heal``: a failed child does
-        not stop the group; ``Children.replace`` starts another in its place.
+        not stop the group; ``Children.replace`` starts another in its place. ``independent``: the children
+        share no collective, so with ``heal`` a death does not abort the survivors' running function either (they
+        learn of the heal from the running code's own messages: harness/collectives/server.py).
         ``launcher``: where they start (harness/launch/launchers.py: ``Local()``, the default, ``Ssh(hosts)``,
         ``Slurm()``, or by name as Train.py's flags say it: "local", "ssh" with ``hosts="node1:8,node2:8"``
         or ``hostfile``, "slurm"); on other hosts ``gpus`` names each host's GPUs ("all": one per child). Remote
@@ -220,7 +222,7 @@ class Parent:
         environments = [spawn.environment(rank, n, gpu, place, launcher.remote, run, self.heartbeat_timeout)
                         for rank, (gpu, place) in enumerate(zip(assigned, places))]
         group = Children(n, self._key, socket, environments, self.heartbeat_timeout, heal, launcher,
-                         [host for host, _, _ in places])
+                         [host for host, _, _ in places], independent)
         self._groups.append(group)
         return group
 

@@ -1,6 +1,7 @@
 """--mode async on GPU workers: two workers sharing one GPU, each stepping in its CUDA graph (or compiled),
 push to the parent's server and continue from its answer. At S = 0 that is synchronous DiLoCo on the same
-GPU; a stop resumes bit for bit; at S = 1 the run ends on its budget exactly."""
+GPU; a stop resumes bit for bit; at S = 1 the run ends on its budget exactly; a killed worker is replaced in place."""
+import os
 import signal
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from harness.training.metrics import read_metrics
 from tests.helpers.gpus import has_gpus
-from tests.helpers.runs import interrupt
+from tests.helpers.runs import finish, interrupt, start_train, wait_for_record, workers_of
 from tests.helpers.training import flat_params, run_train
 
 pytestmark = pytest.mark.gpu
@@ -62,3 +63,23 @@ def test_at_staleness_1_gpu_workers_spend_the_budget_exactly_within_the_bound(tm
     ran = [sum(r["inner_updates"] for r in syncs if r["rank"] == rank) for rank in (0, 1)]
     assert sum(ran) == 2 * 60 and [r["step"] for r in results] == ran
     assert len({r["checksum"] for r in results}) == 1          # parked at the end, on the anchor
+
+
+def test_a_killed_gpu_worker_is_replaced_in_place_and_the_run_spends_its_budget_exactly(tmp_path):
+    """The replacement (the warm spare, pinned to the dead worker's GPU) captures its own graph and rejoins the
+    server; the other worker never stops."""
+    needs_a_gpu()
+    flags = [*SHARED, "--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "2000", "--max-restarts", "1"]
+    process = start_train(tmp_path, *flags)
+    wait_for_record(process, tmp_path, lambda records: any(
+        r["event"] == "outer_sync" and r["rank"] == 1 and r["step"] >= 16 for r in records))
+    os.kill(workers_of(process)[1], signal.SIGKILL)
+    status, err, left, out = finish(process, tmp_path)
+    assert status == 0, err
+    assert "running eagerly" not in out
+    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["rank"] for r in records if r["event"] == "recovered"] == [1]
+    assert not [r for r in records if r["event"] == "restart"]
+    syncs = [r for r in records if r["event"] == "outer_sync"]
+    assert sum(r["inner_updates"] for r in syncs) == 2 * 2000 and max(r["staleness"] for r in syncs) == 0
+    assert left == []

@@ -307,6 +307,49 @@ def test_compressed_pulls_keep_each_worker_on_the_server_s_view_of_it_and_a_rele
     assert all(r["bytes"] == 1000 * 2 for r in server.records)
 
 
+def push_at(server: ParameterServer, rank: int, step: int, updates: int, value: float = 0.1) -> list:
+    """Worker ``rank``'s push after update ``step`` (epoch 0), through ``handle`` as the parent serves it."""
+    return server.handle(rank, ("push", {"step": step, "updates": updates, "delta": delta(value),
+                                         "place": (0, step, step)}))
+
+
+def test_a_dead_worker_s_undelivered_grant_goes_back_and_its_replacement_goes_on_from_its_last_applied_push():
+    server = ParameterServer(2, OuterOptimizer("nesterov", 0.7, 0.9), every=4, max_staleness=0, plan=Plan(16))
+    server.join(0, {"anchor": [torch.zeros(3)], "version": 0, "place": (0, 0, 0)})
+    server.join(1, {"place": (0, 0, 0)})
+    push_at(server, 0, 4, 4)
+    assert [r for r, _ in push_at(server, 1, 4, 4)] == [0, 1]     # a round: applied, both granted 4 more
+    assert push_at(server, 1, 8, 4) == []                         # waits for worker 0 (S = 0) ...
+    assert server.lose(1) is None                                 # ... and dies: that push is dropped
+    assert server.grants.given == [8, 4] and server.grants.left == 4
+    assert push_at(server, 1, 8, 4) == []                         # what it sent before it died: ignored
+    assert push_at(server, 0, 8, 4) == [] and len(server.pending) == 1     # waits for the replacement
+    [(rank, answer)] = server.handle(1, ("rejoin", {"generation": 1}))
+    assert rank == 1 and answer["place"] == (0, 4, 4) and answer["grant"] == 4 and answer["version"] == 1
+    assert torch.equal(answer["anchor"][0], server.anchor[0]) and answer["generation"] == 1
+    answers = push_at(server, 1, 8, 4)                            # the replacement redoes updates 5-8: a round
+    assert sorted(r for r, _ in answers) == [0, 1] and all(a["generation"] == 1 for _, a in answers)
+    assert all(a["final"] and "place" not in a for _, a in answers) and server.applied == 16
+    assert [r["event"] for r in server.records].count("healed") == 1
+
+
+def test_a_death_while_the_workers_save_or_after_the_last_answer_is_not_healed_in_place():
+    """A checkpoint's exchanges wait for every worker: between a save's release and a worker's word that it took
+    part, its death restarts the group from the last checkpoint instead; so does one after the run's last answer."""
+    server = started(2, 0, plan=Plan(16, save_every=(8,), saves=True))
+    server.push(0, 4, 4, delta(0.1))
+    answers = server.push(1, 4, 4, delta(0.1))      # 8 updates applied: every push parks, all answered to save
+    assert all(a["save"] for _, a in answers)
+    assert "saved a checkpoint" in server.lose(1)
+    server.handle(1, ("saved", None))
+    assert "saved a checkpoint" in server.lose(0)                  # worker 0 has not said it took part yet
+    assert server.lose(1) is None
+    server = started(2, 0, plan=Plan(8))
+    server.push(0, 4, 4, delta(0.1))
+    assert all(a["final"] for _, a in server.push(1, 4, 4, delta(0.1)))
+    assert "last answer" in server.lose(0)
+
+
 def test_a_stop_in_the_last_round_still_ends_the_run_on_the_anchor_itself():
     """A signal that comes with the pushes that spend the budget: the run ends there as it would without it, so
     its release sends the anchor whole, not a change (a compressed change only where updates are left)."""
@@ -637,10 +680,10 @@ def test_a_worker_whose_loss_turns_nan_stops_the_run_at_its_next_push_and_the_la
 
 def test_a_worker_killed_mid_run_restarts_the_group_from_the_last_checkpoint_and_the_run_ends_as_if_uninterrupted(
         tmp_path):
-    """The server lives in the parent: a dead worker brings the group back to the last checkpoint (the server's
-    anchor, momentum and budget spent, every worker's own place and state), and at S = 0 that resume is exact."""
+    """--heal off: the server lives in the parent, and a dead worker brings the group back to the last checkpoint (the
+    server's anchor, momentum and budget spent, every worker's own place and state); at S = 0 that resume is exact."""
     flags = ["--mode", "async", "--max-staleness", "0", *SERVED, *SLOWED, "--max-steps", "64",
-             "--save-every-steps", "16", "--max-restarts", "1"]
+             "--save-every-steps", "16", "--max-restarts", "1", "--heal", "off"]
     _, straight = run_train(tmp_path, *flags, name="straight")
     process = start_train(tmp_path, *flags)
     wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
@@ -650,4 +693,34 @@ def test_a_worker_killed_mid_run_restarts_the_group_from_the_last_checkpoint_and
     restarts = [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "restart"]
     assert [(r["rank"], r["cause"]) for r in restarts] == [(1, "was killed by signal SIGKILL")]
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
+    assert left == [] and not list(Path("/dev/shm").glob("harness-async-*"))
+
+
+@pytest.mark.parametrize("staleness, killed", [("0", 1), ("1", 0)])
+def test_a_killed_worker_is_replaced_in_place_from_its_last_applied_push_and_the_budget_is_spent_exactly(
+        tmp_path, staleness, killed):
+    """Healing in place (the default with --max-restarts): the other worker trains on, never aborted; the replacement
+    rejoins the server and goes on from the place of its predecessor's last applied push, which is all that is kept of
+    it: what it had been granted beyond that goes back to the budget, so the updates applied add up to N x T exactly
+    and the run ends with status 0, without a restart. Rank 0 (the worker that writes checkpoints) is no different."""
+    flags = ["--mode", "async", "--max-staleness", staleness, *SERVED, *SLOWED, "--max-steps", "64",
+             "--save-every-steps", "48", "--max-restarts", "1"]      # a checkpoint after the heal, not during it
+    process = start_train(tmp_path, *flags)
+    records = wait_for_record(process, tmp_path, lambda records: any(
+        r["event"] == "outer_sync" and r["rank"] == killed and r["step"] >= 16 for r in records))
+    os.kill(workers_of(process)[killed], signal.SIGKILL)
+    status, err, left, _ = finish(process, tmp_path)
+    assert status == 0, err
+    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    assert not [r for r in records if r["event"] == "restart"]
+    [recovered] = [r for r in records if r["event"] == "recovered"]
+    assert recovered["rank"] == killed and recovered["mode"] == "async"
+    before = records[:records.index(recovered)]
+    last = [r["step"] for r in before if r["event"] == "outer_sync" and r["rank"] == killed][-1]
+    assert recovered["step"] == last        # its last applied push (records leave in the order they were applied)
+    syncs = [r for r in records if r["event"] == "outer_sync"]
+    assert sum(r["inner_updates"] for r in syncs) == 2 * 64
+    assert max(r["staleness"] for r in syncs) <= int(staleness)
+    saved = [r["step"] for r in records if r["event"] == "saved"]
+    assert len(saved) == 2 and saved[0] > recovered["step"]      # the checkpoint at 48 updates' worth, then the end
     assert left == [] and not list(Path("/dev/shm").glob("harness-async-*"))

@@ -157,7 +157,6 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     (["--mode", "param", "--avg-every", "4", "--fragments", "5"], "at most K fragments"),
     (["--mode", "param", "--avg-every", "8", "--fragments", "2", "--outer-delay", "4"], "--outer-delay 4 must be under"),
     (["--mode", "param", "--outer-momentum", "0.5"], "add --outer-optimizer nesterov"),
-    (["--mode", "async", "--max-restarts", "1", "--heal", "on"], "--heal on"),
 ])
 def test_outer_flags_that_cannot_work_are_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)

@@ -85,14 +85,18 @@ class AsyncSynchroniser(Synchroniser):
     reach the parent's "server"; ``signal()``: the SIGINT/SIGTERM this worker received, if any; ``served``: a
     checkpoint's server state, which rank 0 brings to the join (None: its initial parameters start the server);
     ``wire``: how pushes and pulls are encoded (harness/collectives/wire.py; default fp32); ``held``: the anchor this
-    rank saved in that checkpoint (with compressed pulls, the server's view of it, which the join hands back)."""
+    rank saved in that checkpoint (with compressed pulls, the server's view of it, which the join hands back);
+    ``place()``: the worker's (epoch, update, position in the epoch), which each push and the join tell the server,
+    for a replacement to go on from should this worker die (a replacement, ``ctx.replacing``, rejoins the running
+    server and is answered with its predecessor's, ``place``)."""
 
     def __init__(self, flat: FlatParameters, rank: int, workers: int, ctx: Any,
                  signal: Callable[[], int | None], served: dict | None = None, wire: Wire | None = None,
-                 held: list[torch.Tensor] | None = None):
+                 held: list[torch.Tensor] | None = None, place: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)):
         super().__init__(Solo(flat.params[0].device.type), flat)
         self.rank, self.workers, self.ctx, self.signal = rank, workers, ctx, signal
-        self.served, self.wire, self.held = served, wire or Wire(Codec()), held
+        self.served, self.wire, self.held, self.where = served, wire or Wire(Codec()), held, place
+        self.place: tuple[int, int, int] | None = None     # a replacement's: where its predecessor's last push was
         self.kept = False               # the join left this worker the anchor it saved (compressed pulls)
         # a compressed push's rounding error, sent with the next push
         self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params] if self.wire.compressed else None
@@ -119,19 +123,28 @@ class AsyncSynchroniser(Synchroniser):
 
     def start(self) -> None:
         """Join the server: rank 0 brings its parameters (or the checkpoint's server state); every worker
-        starts from the anchor answered once all have joined, with its first grant."""
+        starts from the anchor answered once all have joined, with its first grant. A dead worker's replacement
+        rejoins the running server instead, which answers it at once (or at the consistent point being gathered)."""
+        if self.ctx.replacing is not None:
+            self._join("rejoin", {"generation": self.ctx.generation})
+            return
         state = (self.served or {"anchor": host(self.flat.params), "momentum": None, "version": 0}) \
-            if self.rank == 0 else None
+            if self.rank == 0 else {}
+        state = {**state, "place": self.where()}
         if self.held is not None:
-            state = {**(state or {}), "view": self.held}
+            state = {**state, "view": self.held}
+        if self.rank == 0 and self.flat.buffers:        # rank 0's floating-point buffers start everyone
+            state = {**state, "buffers": host(self.flat.buffers)}
+        self._join("join", state)
+
+    def _join(self, kind: str, state: dict) -> None:
+        """The join (or rejoin) request, with the shared areas offered, and its answer taken."""
         if not self.wire.compressed:
             self.shared = SharedAreas.offered([t.numel() for t in self.flat.params], self.flat.params[0].is_cuda)
         if self.shared is not None:
-            state = {**(state or {}), "shared": self.shared.paths}
-        if self.rank == 0 and self.flat.buffers:        # rank 0's floating-point buffers start everyone
-            state = {**state, "buffers": host(self.flat.buffers)}
+            state = {**state, "shared": self.shared.paths}
         try:
-            reply = self.ctx.request("server", ("join", state))
+            reply = self.ctx.request("server", (kind, state))
         finally:
             if self.shared is not None:
                 SharedAreas.unlink(self.shared.paths)
@@ -190,6 +203,10 @@ class AsyncSynchroniser(Synchroniser):
         """A validation record, to metrics.jsonl through the server (this worker may not be rank 0)."""
         to_server(self.ctx)({**record, "version": self.version, "updates": self.updates})
 
+    def after_save(self) -> None:
+        """This worker's part of the checkpoint is taken (its exchanges are done): a death is healed in place again."""
+        self.ctx.ask("server", ("saved", None))
+
     def checkpoint_due(self, scheduled: bool) -> bool:
         """When the server has parked every worker for a checkpoint, not on the loop's schedule."""
         return "save" in self.asked
@@ -212,7 +229,7 @@ class AsyncSynchroniser(Synchroniser):
         why = DIVERGED if self.diverged else self.signal() or (BAD_SAMPLES if self.bad_samples else 0)
         ahead = self.ahead if not (park or nothing_new or why) else 0
         body = {"step": step, "updates": step - self.pushed_at, "delta": delta, "park": park, "signal": why,
-                "ahead": ahead, "waited": self.waited, "stood": self.stood,
+                "ahead": ahead, "waited": self.waited, "stood": self.stood, "place": self.where(),
                 "buffers": host(self.flat.buffers) if delta is not None and self.flat.buffers else None}
         self.pushed_at, self.waited, self.stood = step, 0.0, None
         if ahead:
@@ -291,6 +308,10 @@ class AsyncSynchroniser(Synchroniser):
         self.ahead = reply.get("ahead", 0)
         self.updates, self.parked, self.final = reply["updates"], reply["parked"], reply["final"]
         self.asked |= {what for what in ("validate", "save") if reply[what]}
+        self.ctx.follow_heal(reply.get("generation", 0))      # a replacement joined: its exchanges are the next ones
+        if "place" in reply:        # this worker replaces a dead one, which pushed last at this place
+            self.place = reply["place"]
+            self.pushed_at = self.step = self.place[1]
         if "server" in reply:
             self.server_state = {"anchor": host(self.anchor), **reply["server"]}
 

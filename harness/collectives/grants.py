@@ -101,6 +101,14 @@ class Grants:
         self.current[rank] = 0
         self.window[rank], self.ahead[rank] = (self.ahead[rank] if ahead else 0), 0
 
+    def lose(self, rank: int) -> int:
+        """Worker ``rank`` died: what it was granted and had not delivered (its running grant, the updates set aside
+        for it to run ahead, its window) goes back to the budget, for its replacement or the others; returns how many."""
+        returned = self.current[rank] + self.ahead[rank] + self.window[rank]
+        self.given[rank] -= self.current[rank]
+        self.current[rank] = self.ahead[rank] = self.window[rank] = 0
+        return returned
+
     def grant(self, rank: int, now: float, active: set[int]) -> int:
         """The updates worker ``rank``, answered alone, is to run from ``now`` before its next push (0: none
         left); ``active``: the workers that will still take grants (not parked), for its share of the rest."""

@@ -55,6 +55,17 @@ measures it and sends it with its next message (``stood``), so a record leaves `
 sent it, in the order the pushes were applied. Where it never comes (the run's last push, a worker that died) the
 record keeps what the server saw: the time the push waited here (none where its worker ran ahead).
 
+A dead worker is replaced in place (``lose``, then its replacement's ``rejoin``): the others train on and are never
+aborted (they share no collective), waiting for the replacement only where the rule above would wait for any worker.
+What the dead worker was granted and had not delivered (its running grant, a push not applied yet, the updates set
+aside for it to run ahead) goes back to the budget, so nothing is lost before its last applied push: the
+replacement continues from that push's place in the data (``places``: each worker's epoch, update and position
+there, or at its join) with the anchor answered whole and a fresh inner optimizer, and redoes the samples after it.
+Not during a checkpoint's save (every worker takes part in its exchanges, which would wait for the dead one) nor
+after the run's last release: then the group restarts from the last checkpoint. The replacement's join also
+brings the group's new generation (harness/child.py), which every later answer carries, so that the survivors'
+exchanges at the next checkpoint are the replacement's.
+
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
 """
@@ -107,6 +118,7 @@ class Push:
     ahead: int = 0          # the updates its worker runs before it takes the answer (--outer-delay)
     nbytes: int = 0         # what it carried on the wire
     buffers: list[torch.Tensor] | None = None   # its model's floating-point buffers (BatchNorm statistics)
+    place: tuple[int, int, int] | None = None   # its worker's (epoch, update, position in the epoch) at the push
 
 
 def mean_into(total: list[torch.Tensor], parts: list[list[torch.Tensor]], n: int) -> list[torch.Tensor]:
@@ -157,6 +169,13 @@ class ParameterServer:
         self.buffers: list[list[torch.Tensor]] = []     # the floating-point buffers each worker holds, as last told
         self.version = 0
         self.base = [0] * workers
+        self.places: list[tuple[int, int, int] | None] = [None] * workers  # at each worker's last applied push or join
+        self.lost: set[int] = set()     # dead workers whose replacements have not joined yet
+        self.placing: set[int] = set()  # replacements whose next answer says where they go on from
+        self.generation = 0             # the group's (harness/child.py), as the last replacement's join brought it
+        self.in_save: set[int] = set()  # workers released to save a checkpoint that have not said they did
+        self.ended = False              # the run's last release is answered
+        self.returned = 0               # what the last dead worker had been granted and not delivered
         self.pending: list[Push] = []
         self.parked: set[int] = set()
         self.joined: dict[int, dict | None] = {}
@@ -183,6 +202,7 @@ class ParameterServer:
         self.joined[rank] = state
         if len(self.joined) < self.workers:
             return []
+        self.places = [(self.joined[r] or {}).get("place") for r in range(self.workers)]
         state = self.joined[0]
         self.anchor, self.served = [t.clone() for t in state["anchor"]], None
         saved = state.get("momentum")
@@ -203,24 +223,75 @@ class ParameterServer:
     def _attach(self) -> dict[int, SharedAreas]:
         """The shared areas the joined workers offered (harness/collectives/shared.py), mapped and unlinked; a
         worker whose areas are not on this machine is answered through the socket, which tells it to push there."""
-        attached = {}
-        for rank, state in self.joined.items():
-            if state and state.get("shared") and not self.wire.compressed:
-                try:
-                    attached[rank] = SharedAreas(state["shared"], [t.numel() for t in self.anchor])
-                except (OSError, ValueError):
-                    continue
-                SharedAreas.unlink(state["shared"])
-        return attached
+        attached = {rank: self._mapped(state) for rank, state in self.joined.items()}
+        return {rank: areas for rank, areas in attached.items() if areas is not None}
+
+    def _mapped(self, state: dict | None) -> SharedAreas | None:
+        """The shared areas a joining worker's ``state`` offers, mapped and unlinked (None: none, or not here)."""
+        if not (state and state.get("shared")) or self.wire.compressed:
+            return None
+        try:
+            areas = SharedAreas(state["shared"], [t.numel() for t in self.anchor])
+        except (OSError, ValueError):
+            return None
+        SharedAreas.unlink(state["shared"])
+        return areas
+
+    def lose(self, rank: int) -> str | None:
+        """Worker ``rank`` died: None where its replacement may rejoin (what it was granted and did not deliver goes
+        back to the budget, a push of its not applied yet is dropped, and the others train on), else why not."""
+        with self.lock:
+            if self.anchor is None:
+                return "it died before every worker had joined the parameter server"
+            if self.ended:
+                return "the run's last answer was given"
+            if rank in self.in_save:
+                return "it died while the workers saved a checkpoint, whose exchanges wait for every worker"
+            self.pending = [push for push in self.pending if push.rank != rank]
+            self.parked.discard(rank)
+            self.unmeasured.pop(rank, None)     # its last record keeps the server's figure
+            self.returned = self.grants.lose(rank)
+            self.lost.add(rank)
+            return None
+
+    def rejoin(self, rank: int, state: dict) -> list[Answer]:
+        """A dead worker's replacement joins the running server: answered at once with the anchor whole, a grant
+        and its predecessor's place (``place``), or parked with the others where a consistent point is being gathered
+        (a checkpoint, the end, a stop); ``state``: the group's new ``generation`` and any shared areas it offers."""
+        if rank not in self.lost:
+            raise RuntimeError(f"worker {rank} rejoined the parameter server, but it had not died")
+        self.lost.discard(rank)
+        self.placing.add(rank)
+        self.generation = max(self.generation, state.get("generation", 0))
+        areas = self._mapped(state)
+        if areas is not None:
+            self.shared[rank] = areas
+        else:
+            self.shared.pop(rank, None)
+        self.base[rank] = self.version
+        place = self.places[rank]
+        self.records.append({"event": "healed", "rank": rank, "step": place[1] if place else 0, "mode": "async",
+                             "version": self.version, "returned_updates": self.returned})
+        if self.saving or self._finished():
+            self.parked.add(rank)
+            return self._settle()
+        grant = self._grants([rank], self.clock())[0]
+        return [(rank, self._reply(rank, grant, whole=True, buffers=self._averaged()))] + self._settle()
+
+    def part_saved(self, rank: int) -> list[Answer]:
+        """Worker ``rank`` has taken its part in a checkpoint (its exchanges are done): a death is healed in place again."""
+        self.in_save.discard(rank)
+        return []
 
     def push(self, rank: int, step: int, updates: int, delta: Any, park: bool = False,
              signal: int = 0, ahead: int = 0, waited: float = 0.0, stood: float | None = None,
-             buffers: list[torch.Tensor] | None = None) -> list[Answer]:
+             buffers: list[torch.Tensor] | None = None, place: tuple[int, int, int] | None = None) -> list[Answer]:
         """Worker ``rank``'s push after update ``step``, ``updates`` since its last, ``delta`` their pseudo-gradient
         (fp32 tensors, an encoded vector, SHARED: in its shared area, or None: a park; ``signal``: the SIGINT/SIGTERM
         it received, -1 if its loss was not finite, 0 if neither; ``ahead``, ``waited``: see ``Push``; ``stood``:
         the seconds it stood still for its last applied push, ``measured``; ``buffers``: its model's floating-point
-        buffers, ``averaged``); returns the answers now due, to this worker or to others that waited."""
+        buffers, ``averaged``; ``place``: its (epoch, update, position), where a replacement goes on from once the
+        push is applied); returns the answers now due, to this worker or to others that waited."""
         self.measured(rank, stood)
         if ahead and (park or delta is None or ahead != self.grants.ahead[rank]):
             raise RuntimeError(f"worker {rank} ran {ahead} updates ahead of its push at update {step}, which was "
@@ -241,7 +312,7 @@ class ParameterServer:
             else:
                 nbytes = sum(t.nbytes for t in delta)
             self.pending.append(Push(rank, step, updates, self.base[rank], delta, park, arrived, ahead, nbytes,
-                                     buffers))
+                                     buffers, place))
         return self._settle()
 
     def _settle(self) -> list[Answer]:
@@ -281,6 +352,8 @@ class ParameterServer:
             self._count(push)
             if push.buffers is not None and self.buffers:
                 self.buffers[push.rank] = push.buffers
+            if push.place is not None:
+                self.places[push.rank] = push.place
             record = {"event": "outer_sync", "step": push.step, "rank": push.rank, "fragment": 0,
                       "blocked_s": 0.0 if push.ahead else now - push.arrived, "bytes": push.nbytes,
                       "staleness": before - push.base, "version": self.version,
@@ -349,7 +422,8 @@ class ParameterServer:
         finished = self._finished()
         save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
         if save:
-            self.saved = self.applied
+            self.saved, self.in_save = self.applied, set(range(self.workers))
+        self.ended = finished
         if finished and not self.stop_why:
             self.validator = self.grants.fastest(otherwise=0)
         self.parked, self.saving = set(), False
@@ -377,9 +451,12 @@ class ParameterServer:
         if validate:
             self.validator = None
         ahead = self.grants.reserve(rank, self.ahead) if reserve and grant and not self._finished() else 0
-        return {**self._anchor_for(rank, whole, kept), "version": self.version, "grant": grant,
+        placed = {"place": self.places[rank]} if rank in self.placing else {}
+        self.placing.discard(rank)
+        return {**self._anchor_for(rank, whole or bool(placed), kept), "version": self.version, "grant": grant,
                 "updates": self.applied, "validate": validate, "stop_why": self.stop_why, "parked": False,
-                "save": False, "final": False, "ahead": ahead, "buffers": buffers}
+                "save": False, "final": False, "ahead": ahead, "buffers": buffers, "generation": self.generation,
+                **placed}
 
     def _averaged(self) -> list[torch.Tensor] | None:
         """The floating-point buffers (BatchNorm statistics) every worker is answered with: the mean of those the
@@ -445,22 +522,29 @@ class ParameterServer:
 
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
         """``ctx.request("server", request)`` in the parent (``Children.serve``, on the thread that reads the
-        socket): ("join", state), ("push", {"step", "updates", "delta", "park", "signal", "ahead", "waited", "stood",
-        "buffers"}), ("report", record) or ("stood", seconds)."""
+        socket): ("join", state), ("rejoin", state), ("push", {"step", "updates", "delta", "park", "signal", "ahead",
+        "waited", "stood", "buffers", "place"}), ("report", record), ("stood", seconds) or ("saved", None). What a
+        dead worker sent that is read after its death (``lose``) is ignored."""
         with self.lock:
+            if rank in self.lost and request[0] != "rejoin":
+                return []
             return self._handle(rank, request)
 
     def _handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
         kind, body = request
         if kind == "join":
             return self.join(rank, body)
+        if kind == "rejoin":
+            return self.rejoin(rank, body)
+        if kind == "saved":
+            return self.part_saved(rank)
         if kind == "push":
             return self.push(rank, **body)
         if kind == "report":
             return self.report(rank, body)
         if kind == "stood":
             return self.measured(rank, body)
-        raise ValueError(f"request {kind!r}: the parameter server answers join, push, report and stood")
+        raise ValueError(f"request {kind!r}: the parameter server answers join, rejoin, push, report, stood and saved")
 
     def drain(self, everything: bool = False) -> list[dict]:
         """The records since the last drain (the parent's main thread writes them), up to the first whose worker

@@ -11,6 +11,8 @@ the machinery every verb relies on:
   an exec's errors is the one reported (the rest are what the abort sent for it caused);
 * aborting and stopping: when one child fails the others are told to abort their collectives, and
   a group not forked to heal is stopped (asked first, SIGKILL after a grace) before the call raises.
+  Children forked ``independent`` share no collective (the asynchronous parameter server's workers): when
+  one of a healing group dies, the others are not aborted and train on while it is replaced.
 
 Every blocking wait goes through ``wait_for``, which checks all this first: that is why a call on
 a group whose child died ends in seconds. Replacing a dead rank is harness/control/replace.py's job.
@@ -41,10 +43,12 @@ class Supervisor:
     """A group's children and the exec they run, watched. The attributes are the group's state,
     shared with the mailbox (what arrives) and the replacement of a dead rank."""
 
-    def __init__(self, starter: Starter, heartbeat_timeout: float, heal: bool, remote: bool):
+    def __init__(self, starter: Starter, heartbeat_timeout: float, heal: bool, remote: bool,
+                 independent: bool = False):
         self.starter = starter
         self.heartbeat_timeout = heartbeat_timeout
         self.heal = heal                # a failure leaves the survivors running, for replace() or stop()
+        self.independent = independent  # the children share no collective: a death aborts no survivor (heal)
         self.remote = remote            # children on other hosts: heartbeats both ways, signals as messages
         self.children: list[ChildProcess] = []
         self.link: Link               # set by start()
@@ -169,7 +173,8 @@ class Supervisor:
 
     def _fail(self, child: ChildProcess, reason: str) -> None:
         self.failure = ChildFailed(child.rank, reason, child.stderr_tail, child.host)
-        self._abort_others(child.rank, f"child {child.rank} {reason}")
+        if not (self.heal and self.independent):      # independent survivors run on while the dead one is replaced
+            self._abort_others(child.rank, f"child {child.rank} {reason}")
 
     def _abort_others(self, rank: int | None, reason: str) -> None:
         for child in self.children:

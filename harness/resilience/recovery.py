@@ -78,14 +78,17 @@ class Recovery:
                               **({"not_healed": self._unhealed} if self._unhealed else {})})
                 self._unhealed = None
 
-    def heal(self, kids: Children, failure: ChildFailed) -> None:
+    def heal(self, kids: Children, failure: ChildFailed, unhealable: str | None = None) -> None:
         """Replace the failed rank and let the survivors heal it; raises ``failure`` (the group
-        stopped, so ``run`` restarts it) when healing is off, the budget spent, or a heal under way."""
-        if not self.heals_in_place or self.used == self.limit or self._healing is not None:
+        stopped, so ``run`` restarts it) when healing is off, the budget spent, a heal under way, or the running
+        code says why this failure cannot be healed in place (``unhealable``: the parameter server's ``lose``)."""
+        if not self.heals_in_place or self.used == self.limit or self._healing is not None or unhealable:
             if self.heals_in_place and self._healing is not None:
                 first, since = self._healing
                 self._unhealed = (f"it came {time.monotonic() - since:.1f} s into the heal of rank {first.rank} "
                                   f"({first.reason})")
+            elif self.heals_in_place and unhealable:
+                self._unhealed = unhealable
             kids.stop(grace=1.0)
             raise failure
         self.used += 1

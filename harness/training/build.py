@@ -97,21 +97,22 @@ def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                       optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None,
                       report: Callable[[dict], None] | None = None, replica: Replica | None = None,
                       ctx: Any = None, served: dict | None = None, model: torch.nn.Module | None = None,
-                      held: list[torch.Tensor] | None = None) -> Synchroniser:
+                      held: list[torch.Tensor] | None = None,
+                      place: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)) -> Synchroniser:
     """A world of one has nothing to average: the base Synchroniser does nothing (no gradient hooks,
     no collectives), so one worker steps as a plain loop does; except with --zero, whose optimizer
     updates ``shards`` (then a world of one runs the sharded path, one piece a bucket), and param mode's
     outer optimizer (DiLoCo's outer momentum works on one worker too). ``report``: rank 0's outer_sync records;
     ``replica``: --zero's copy of the previous rank's shard, when the group heals in place; ``ctx`` and
-    ``served`` (a checkpoint's server state) and ``held`` (the anchor this rank saved): --mode async's worker, which
-    talks to the parent's server; ``model``: the
+    ``served`` (a checkpoint's server state), ``held`` (the anchor this rank saved) and ``place`` (where the rank
+    stands in its data): --mode async's worker, which talks to the parent's server; ``model``: the
     model whose forward --zero's all-gathers overlap (not under --compile: the hooks that wait would break its graph)."""
     if flat.flatten_grads != flat_gradients(config, comm.size):
         raise ValueError(f"flat gradients {'kept' if flat.flatten_grads else 'not kept'} for a world of {comm.size} "
                          f"that {'does not need' if flat.flatten_grads else 'needs'} them (flat_gradients)")
     if config.mode == "async":
         return AsyncSynchroniser(flat, ctx.rank, ctx.world_size, ctx,
-                                 lambda: ctx.interrupted, served, Wire(make_codec(config.outer_dtype)), held)
+                                 lambda: ctx.interrupted, served, Wire(make_codec(config.outer_dtype)), held, place)
     if shards is not None:
         return ShardedGradients(comm, flat, shards, config.zero, replica, model=None if config.compile else model)
     if config.outer:

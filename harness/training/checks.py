@@ -180,15 +180,12 @@ def gpu_heal_limit(config: TrainConfig) -> str | None:
 def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
     """Whether a dead worker is replaced and healed from the survivors (else the group restarts from the
     last checkpoint). GPU workers whose updates cannot be guarded (``gpu_heal_limit``) restart; --zero
-    heals in place only with --heal on, which keeps a replica of each shard on the next worker."""
+    heals in place only with --heal on, which keeps a replica of each shard on the next worker. --mode async's
+    workers share no collective, so they heal in place on CPUs and GPUs alike (harness/collectives/server.py)."""
     if not config.max_restarts or config.heal == "off":
         return False
-    if config.mode == "async":
-        if config.heal == "on":
-            raise ConfigError("--heal on: --mode async does not heal in place yet (the server's grants and each "
-                              "worker's progress are not handed over), so the run restarts from the last checkpoint "
-                              "instead; drop --heal on (save often with --save-every-steps)")
-        return False
+    if config.mode == "async":      # no collective to guard: a replacement rejoins the server, CPU or GPU
+        return True
     if config.zero and config.heal != "on":
         return False        # a replica of each shard (healing in place) costs memory: only when asked for
     limit = gpu_heal_limit(config) if gpus else None

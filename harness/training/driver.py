@@ -107,12 +107,13 @@ def workers(config: TrainConfig, gpus: list[int], launcher: Launcher | None = No
     start, so a group started before the parent's own imports and checks does that work alongside
     them. ``launcher``: node agents' (else ``config.launcher``'s). With ``mps`` the private daemon starts
     first and outlives the workers: MPS only quits once its clients are gone. With ``heal_in_place`` a
-    dead worker does not stop the group."""
+    dead worker does not stop the group (--mode async: nor abort the others, which share no collective)."""
     with mps_for(config) as daemon_env, Parent(heartbeat_timeout=config.heartbeat_timeout) as parent:
         try:
             group = parent.fork(config.workers, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS,
                                 heal=config.heal_in_place, launcher=launcher or config.launcher, hosts=config.hosts,
-                                hostfile=config.hostfile, address=config.control_address, encrypt=config.encrypt)
+                                hostfile=config.hostfile, address=config.control_address, encrypt=config.encrypt,
+                                independent=config.mode == "async")
         except ValueError as e:         # e.g. no address to listen on for the hosts
             raise ConfigError(str(e)) from None
         yield group
@@ -177,7 +178,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     """One group of workers from start (or ``config.resume``) to the end of the run, healed in
     place when a worker dies, if it may be; otherwise the failure ends the group (stopped). --mode async:
     the parent serves the parameter server (its records, outer_sync and the workers' validations, logged
-    as rank 0's records come, before them)."""
+    as rank 0's records come, before them), which a dead worker's replacement rejoins."""
     from harness.collectives.shared import SharedAreas
     from harness.training.build import make_server
     from harness.training.loop import train_worker
@@ -194,11 +195,11 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
             try:
                 record = kids[0].receive()
             except ChildFailed as failure:
-                recovery.heal(kids, failure)
+                recovery.heal(kids, failure, unhealable=server.lose(failure.rank) if server is not None else None)
                 continue
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
-            served_records(server, progress)
+            served_records(server, progress, recovery)
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
@@ -209,14 +210,14 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
         raise
     finally:
-        served_records(server, progress, everything=True)   # what the workers reported last, also before an error
+        served_records(server, progress, recovery, everything=True)     # what the workers reported last, also before an error
         if server is not None:
             SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
 
 
-def served_records(server: Any, progress: Progress, everything: bool = False) -> None:
+def served_records(server: Any, progress: Progress, recovery: Recovery, everything: bool = False) -> None:
     """--mode async: the records the server took since the last call (outer_sync, the workers' validations and
-    bad samples), logged; an outer_sync record once its worker has said how long it stood still for it
-    (``everything``: all, at the end)."""
+    bad samples, a replacement's rejoin as the "recovered" record), logged; an outer_sync record once its worker
+    has said how long it stood still for it (``everything``: all, at the end)."""
     for served in server.drain(everything) if server is not None else ():
-        progress.handle(served)
+        progress.handle(recovery.healed(served) if served["event"] == "healed" else served)

@@ -206,7 +206,8 @@ def _failures(a: Callable[..., Any]) -> None:
            "last checkpoint (also what GPU workers do in param mode, with --workers-per-gpu above 1, with --zero or "
            "with a non-fused optimizer; --heal on with them is an error). --zero heals in place only with --heal on, "
            "which keeps a replica of each worker's shard on the next worker (a second 1/N of optimizer state and "
-           "gradients, and 1/N of the gradients sent on each update)")
+           "gradients, and 1/N of the gradients sent on each update). --mode async heals in place on CPUs and GPUs: "
+           "the others train on, and the replacement rejoins the server from the dead worker's last applied push")
 
 
 GROUPS = (("model and data", _model_and_data), ("workers and placement", _workers),

@@ -157,7 +157,9 @@ class Worker:
         self.scheduled = not is_constant(config.lr_schedule, config.warmup_steps)
         # A graph replays the update with the rate it read at capture, unless the rate is a device tensor.
         self.frozen_lr = self.scheduled and not torch.is_tensor(self.optimizer.param_groups[0]["lr"])
-        if replacing:
+        if replacing and self.asynchronous:
+            self.rejoin_server()
+        elif replacing:
             self.heal(None, self.marks)
         else:
             self.attach(start=True)
@@ -214,13 +216,14 @@ class Worker:
         self.sync = make_synchroniser(config, self.comm, self.flat, self.optimizer, self.shards,
                                       report=self.ctx.send if self.lead else None, replica=self.replica,
                                       ctx=self.ctx, served=mine.get("server") if mine else None, model=self.model,
-                                      held=mine.get("anchor") if mine else None)
+                                      held=mine.get("anchor") if mine else None, place=self.place)
         if start:
             self.sync.start()
         if mine:
             self.sync.load_state_dict(mine)
             load_optimizer_state(self.optimizer, mine["optimizer"])
-        ticket = Ticket(self.comm, self.optimizers(), self.state.step) if config.heal_in_place and self.device.type == "cuda" else None
+        guarded = config.heal_in_place and self.device.type == "cuda" and not self.asynchronous    # async: no collective
+        ticket = Ticket(self.comm, self.optimizers(), self.state.step) if guarded else None
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so
             self.scaler.bind(*self.optimizers())
         graph = config.cuda_graph if not self.frozen_lr and (ticket is None or ncclstop.can_revoke()) else False
@@ -241,15 +244,17 @@ class Worker:
         """Epoch after epoch until the run's length or a stop; a failed collective heals the group (when
         the run heals in place) and the loop goes on from the donor's place."""
         self.model.train()
+        # --mode async: a checkpoint the server asked for as this worker joined (one resumed at its own share, granted
+        # nothing, or a dead worker's replacement at a consistent point) is this worker's too, before any update
+        if self.asynchronous and self.save_due():
+            self.save()
         while not self.over() and self.state.stop is None:
             try:
                 self.epoch()
             except RuntimeError as error:     # a collective failed: a dead peer (then heal), or this rank's own error
-                if not self.config.heal_in_place:
+                if not self.config.heal_in_place or self.asynchronous:     # async: survivors are never aborted
                     raise
                 self.recover(error)
-        if self.asynchronous and self.save_due():   # a worker resumed at its own share, granted nothing: the others'
-            self.save()                             # checkpoint is its too, though it ran no epoch to save in
         self.sync.finish()      # first: an async worker that stopped alone (its bad samples) parks, so the others stop
         bad = self.bad.gather(self.state.step, final=True)     # the last updates' bad samples: every rank, also one
         self.state.stop = self.state.stop or bad                # that stopped alone (async), for the exchange in it
@@ -449,7 +454,8 @@ class Worker:
         local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
         ranks = None if local is None else self.ctx.exchange(
             self.ctx.unique_tag("ranks"), {**local, "optimizer": to_host(self.optimizer.state_dict()),
-                                           "place": (s.epoch, s.step, s.position)})
+                                           "place": self.place()})
+        self.sync.after_save()
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
                 self.write(s.where(), optimizer, generators, scales, ranks)
@@ -522,6 +528,20 @@ class Worker:
         self.write(where, self.optimizer.state_dict(), [rng_state(self.device)] * self.world,
                    [self.scaler.state_dict()] * self.world if self.scaler else None, None, salvaged=True)
         self.saver.wait()
+
+    def place(self) -> tuple[int, int, int]:
+        """Where this rank stands in its data: (epoch, update, position in the epoch)."""
+        return self.state.epoch, self.state.step, self.state.position
+
+    def rejoin_server(self) -> None:
+        """--mode async, a dead worker's replacement: join the running server (harness/collectives/server.py), which
+        answers with the anchor and the place of the dead worker's last applied push, and go on from there, with an
+        inner optimizer afresh (the dead one's state is gone; the survivors train on and hand over nothing)."""
+        self.attach(start=True)
+        epoch, step, position = self.sync.place
+        self.state.go_to(Where(epoch, step, position, math.inf, 0), self.batches.steps_per_epoch)
+        self.stream = None
+        self.reseed(self.state.epoch, self.state.step)
 
     def heal(self, where: Where | None, phases: dict, queued: int | None = None,
              progress: Progress | None = None, held: dict | None = None) -> None:
