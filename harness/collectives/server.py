@@ -185,6 +185,7 @@ class ParameterServer:
         self.saved = 0                  # the updates applied at the last checkpoint
         self.validator: int | None = None       # the worker to ask for a validation in its next answer
         self.records: collections.deque[dict] = collections.deque()    # appended here, drained by the main thread
+        self.healed: list[dict] = []            # replacements' rejoins, drained ahead of ``records``
         self.unmeasured: dict[int, dict] = {}   # each worker's last applied push's record, until it sends ``stood``
         self.lock = threading.Lock()            # ``handle`` runs on the socket's thread, ``drain`` on the main one
 
@@ -270,8 +271,8 @@ class ParameterServer:
             self.shared.pop(rank, None)
         self.base[rank] = self.version
         place = self.places[rank]
-        self.records.append({"event": "healed", "rank": rank, "step": place[1] if place else 0, "mode": "async",
-                             "version": self.version, "returned_updates": self.returned})
+        self.healed.append({"event": "healed", "rank": rank, "step": place[1] if place else 0, "mode": "async",
+                            "version": self.version, "returned_updates": self.returned})
         if self.saving or self._finished():
             self.parked.add(rank)
             return self._settle()
@@ -548,10 +549,11 @@ class ParameterServer:
 
     def drain(self, everything: bool = False) -> list[dict]:
         """The records since the last drain (the parent's main thread writes them), up to the first whose worker
-        has not sent what it measured (``everything``: all of them, at the run's end)."""
+        has not sent what it measured (``everything``: all of them, at the run's end); a replacement's "healed" record
+        at once, ahead of those (the parent's heal ends with it, and a failure before that is not healed in place)."""
         with self.lock:     # the socket's thread adds records and measures while the main thread drains
             waiting = {id(record) for record in self.unmeasured.values()} if not everything else set()
-            drained = []
+            drained, self.healed = self.healed, []
             while self.records and id(self.records[0]) not in waiting:
                 drained.append(self.records.popleft())
             return drained

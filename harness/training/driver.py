@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from harness.control import timeline
 from harness.launch.cluster import detect
@@ -188,6 +188,9 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     if interrupts is not None:
         interrupts.watch(kids)
     kids.watch_silence(progress.silent)
+
+    def recovered(healed: dict) -> dict:
+        return {**recovery.healed(healed), "pids": kids.pids}
     try:
         kids.exec(train_worker, config)
         progress.handle({"event": "workers", "pids": kids.pids, "hosts": kids.hosts})
@@ -198,8 +201,8 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
                 recovery.heal(kids, failure, unhealable=server.lose(failure.rank) if server is not None else None)
                 continue
             if record["event"] == "healed":
-                record = {**recovery.healed(record), "pids": kids.pids}
-            served_records(server, progress, recovery)
+                record = recovered(record)
+            served_records(server, progress, recovered)
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
@@ -210,14 +213,14 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
         raise
     finally:
-        served_records(server, progress, recovery, everything=True)     # what the workers reported last, also before an error
+        served_records(server, progress, recovered, everything=True)    # what the workers reported last, also before an error
         if server is not None:
             SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
 
 
-def served_records(server: Any, progress: Progress, recovery: Recovery, everything: bool = False) -> None:
+def served_records(server: Any, progress: Progress, recovered: Callable[[dict], dict], everything: bool = False) -> None:
     """--mode async: the records the server took since the last call (outer_sync, the workers' validations and
-    bad samples, a replacement's rejoin as the "recovered" record), logged; an outer_sync record once its worker
-    has said how long it stood still for it (``everything``: all, at the end)."""
+    bad samples, a replacement's rejoin: ``recovered`` makes it the log's record), logged; an outer_sync record once
+    its worker has said how long it stood still for it (``everything``: all, at the end)."""
     for served in server.drain(everything) if server is not None else ():
-        progress.handle(recovery.healed(served) if served["event"] == "healed" else served)
+        progress.handle(recovered(served) if served["event"] == "healed" else served)
