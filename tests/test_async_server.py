@@ -233,7 +233,10 @@ def test_after_a_signal_every_worker_runs_out_its_grant_then_all_stop_together_a
     answers = server.push(0, 4 + answer["grant"], answer["grant"], delta(0.1))
     assert sorted(r for r, _ in answers) == [0, 1]
     assert all(a["grant"] == 0 and a["stop_why"] == 15 and a["save"] and a["parked"] for _, a in answers)
-    assert answers[0][1]["server"]["updates"] == [4 + answer["grant"], 4]    # the budget spent, per worker
+    server.handle(0, ("part", {}))
+    server.handle(1, ("part", {}))
+    [[first, _]] = server.checkpoints()
+    assert first["server"]["updates"] == [4 + answer["grant"], 4]    # the budget spent, per worker, with rank 0's part
     assert not any(a["validate"] for _, a in answers)                  # a stop is not the run's end
 
 
@@ -333,17 +336,24 @@ def test_a_dead_worker_s_undelivered_grant_goes_back_and_its_replacement_goes_on
     assert [r["event"] for r in server.drain()].count("healed") == 1
 
 
-def test_a_death_while_the_workers_save_or_after_the_last_answer_is_not_healed_in_place():
-    """A checkpoint's exchanges wait for every worker: between a save's release and a worker's word that it took
-    part, its death restarts the group from the last checkpoint instead; so does one after the run's last answer."""
-    server = started(2, 0, plan=Plan(16, save_every=(8,), saves=True))
-    server.push(0, 4, 4, delta(0.1))
-    answers = server.push(1, 4, 4, delta(0.1))      # 8 updates applied: every push parks, all answered to save
+def test_a_checkpoint_is_gathered_from_every_worker_s_part_and_a_worker_dying_before_it_sent_its_own_drops_it():
+    """No worker waits for another's part, so a death while they save is healed in place; only the run's last answer
+    is followed by an exchange (the bad samples each met), so a death after it is not."""
+    server = started(2, 0, plan=Plan(32, save_every=(8,), saves=True))
+    for rank in (0, 1):
+        answers = server.push(rank, 4, 4, delta(0.1))    # 8 updates applied: every push parks, all answered to save
     assert all(a["save"] for _, a in answers)
-    assert "saved a checkpoint" in server.lose(1)
-    server.handle(1, ("saved", None))
-    assert "saved a checkpoint" in server.lose(0)                  # worker 0 has not said it took part yet
-    assert server.lose(1) is None
+    server.handle(1, ("part", {"rank": 1}))
+    server.handle(0, ("part", {"rank": 0}))
+    [[first, second]] = server.checkpoints()
+    assert first["rank"] == 0 and second == {"rank": 1} and server.checkpoints() == []
+    assert first["server"]["version"] == 1 and torch.equal(first["server"]["anchor"][0], server.anchor[0])
+    for rank in (0, 1):
+        answers = server.push(rank, 8, 4, delta(0.1))    # 16: the next checkpoint
+    server.handle(0, ("part", {"rank": 0}))
+    assert server.lose(1) is None                        # it died before it sent its part
+    server.handle(0, ("part", {"rank": 0}))
+    assert server.checkpoints() == [] and [r["event"] for r in server.drain(everything=True)][-1] == "save_dropped"
     server = started(2, 0, plan=Plan(8))
     server.push(0, 4, 4, delta(0.1))
     assert all(a["final"] for _, a in server.push(1, 4, 4, delta(0.1)))
@@ -702,9 +712,10 @@ def test_a_killed_worker_is_replaced_in_place_from_its_last_applied_push_and_the
     """Healing in place (the default with --max-restarts): the other worker trains on, never aborted; the replacement
     rejoins the server and goes on from the place of its predecessor's last applied push, which is all that is kept of
     it: what it had been granted beyond that goes back to the budget, so the updates applied add up to N x T exactly
-    and the run ends with status 0, without a restart. Rank 0 (the worker that writes checkpoints) is no different."""
+    and the run ends with status 0, without a restart. Rank 0 is no different, and so is a death while the workers
+    save: each sends its part to the parent (which writes the checkpoint) and trains on, waiting for no other."""
     flags = ["--mode", "async", "--max-staleness", staleness, *SERVED, *SLOWED, "--max-steps", "64",
-             "--save-every-steps", "48", "--max-restarts", "1"]      # a checkpoint after the heal, not during it
+             "--save-every-steps", "8", "--max-restarts", "1"]
     process = start_train(tmp_path, *flags)
     records = wait_for_record(process, tmp_path, lambda records: any(
         r["event"] == "outer_sync" and r["rank"] == killed and r["step"] >= 16 for r in records))
@@ -722,6 +733,7 @@ def test_a_killed_worker_is_replaced_in_place_from_its_last_applied_push_and_the
     assert recovered["pids"][killed] != started[killed] and recovered["pids"][1 - killed] == started[1 - killed]
     assert sum(r["inner_updates"] for r in syncs) == 2 * 64
     assert max(r["staleness"] for r in syncs) <= int(staleness)
-    saved = [r["step"] for r in records if r["event"] == "saved"]
-    assert len(saved) == 2 and saved[0] > recovered["step"]      # the checkpoint at 48 updates' worth, then the end
+    saved = [r for r in records if r["event"] == "saved"]
+    assert any(r["time"] > recovered["time"] for r in saved[:-1])     # checkpoints after the heal, and the end's
+    assert load_checkpoint(tmp_path / "model.pt")["step"] == saved[-1]["step"]
     assert left == [] and not list(Path("/dev/shm").glob("harness-async-*"))

@@ -119,7 +119,6 @@ class AsyncSynchroniser(Synchroniser):
         self.parked = False             # the last answer was a consistent point's
         self.final = False              # and the run's last one
         self.asked: set[str] = set()    # what answers asked that the loop has not done yet: "validate", "save"
-        self.server_state: dict | None = None       # rank 0's: the server's at the last checkpoint
 
     def start(self) -> None:
         """Join the server: rank 0 brings its parameters (or the checkpoint's server state); every worker
@@ -203,9 +202,11 @@ class AsyncSynchroniser(Synchroniser):
         """A validation record, to metrics.jsonl through the server (this worker may not be rank 0)."""
         to_server(self.ctx)({**record, "version": self.version, "updates": self.updates})
 
-    def after_save(self) -> None:
-        """This worker's part of the checkpoint is taken (its exchanges are done): a death is healed in place again."""
-        self.ctx.ask("server", ("saved", None))
+    def save_part(self, part: dict) -> None:
+        """This worker's part of the checkpoint the server asked for (harness/training/loop.py's ``part``), to the
+        parent, which writes the checkpoint once every worker's is in (harness/resilience/gathered.py); not waited
+        for: there is no exchange of it with the other workers."""
+        self.ctx.ask("server", ("part", part))
 
     def checkpoint_due(self, scheduled: bool) -> bool:
         """When the server has parked every worker for a checkpoint, not on the loop's schedule."""
@@ -312,8 +313,6 @@ class AsyncSynchroniser(Synchroniser):
         if "place" in reply:        # this worker replaces a dead one, which pushed last at this place
             self.place = reply["place"]
             self.pushed_at = self.step = self.place[1]
-        if "server" in reply:
-            self.server_state = {"anchor": host(self.anchor), **reply["server"]}
 
     def watch(self, loss: torch.Tensor) -> None:
         """Note whether an update's ``loss`` is finite, on its device: a GPU worker does not wait for each update
@@ -331,10 +330,15 @@ class AsyncSynchroniser(Synchroniser):
         return anchored(self.flat, self.anchor)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's part of a checkpoint, taken at a consistent point (parameters = anchor); rank 0's
-        carries the server's state, which the resumed run's join hands back to the server."""
-        return {"params": host(self.flat.params), "anchor": host(self.anchor), "server": self.server_state,
-                "pushed_at": self.pushed_at, "residual": host(self.residual)}
+        """This rank's part of a checkpoint, taken at a consistent point: where it pushed last, and with compressed
+        pulls its parameters, its view of the anchor (the server's view of it, which a resumed join hands back) and
+        its push's residual. With fp32 pulls the parameters and anchor are the model's (every worker is answered the
+        anchor whole at the consistent point), so they are not sent. The server's state goes with rank 0's part
+        (harness/collectives/server.py's ``part``), which the resumed run's join hands back to the server."""
+        compressed = self.wire.compressed
+        return {"params": host(self.flat.params) if compressed else None,
+                "anchor": host(self.anchor) if compressed else None, "server": None, "pushed_at": self.pushed_at,
+                "residual": host(self.residual)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """After the join: the parameters and anchor saved where the join kept them (else every worker stays on

@@ -61,10 +61,14 @@ What the dead worker was granted and had not delivered (its running grant, a pus
 aside for it to run ahead) goes back to the budget, so nothing is lost before its last applied push: the
 replacement continues from that push's place in the data (``places``: each worker's epoch, update and position
 there, or at its join) with the anchor answered whole and a fresh inner optimizer, and redoes the samples after it.
-Not during a checkpoint's save (every worker takes part in its exchanges, which would wait for the dead one) nor
-after the run's last release: then the group restarts from the last checkpoint. The replacement's join also
-brings the group's new generation (harness/child.py), which every later answer carries, so that the survivors'
-exchanges at the next checkpoint are the replacement's.
+A checkpoint's release asks each worker for its part (its own state, generators; rank 0's also the model), which
+it sends here (``part``) and trains on; once all are in, the parent writes the checkpoint (``gathered``,
+harness/resilience/gathered.py). No worker waits for another's part, so a death then is healed like any other; a
+checkpoint whose part the dead worker never sent is dropped (a "save_dropped" record), and the next is written.
+Not healed in place: a death after the run's last release (every worker then takes part in one last exchange of
+the bad samples it met); the group restarts from the last checkpoint. The replacement's join brings the group's new
+generation (harness/child.py), which every later answer carries, so that the survivors' exchanges are the
+replacement's.
 
 Pure and synchronous: the parent serves ``handle`` (``Children.serve``, harness/training/driver.py), which
 runs on its socket thread and returns the answers to send; tests call ``join``/``push`` directly.
@@ -173,7 +177,9 @@ class ParameterServer:
         self.lost: set[int] = set()     # dead workers whose replacements have not joined yet
         self.placing: set[int] = set()  # replacements whose next answer says where they go on from
         self.generation = 0             # the group's (harness/child.py), as the last replacement's join brought it
-        self.in_save: set[int] = set()  # workers released to save a checkpoint that have not said they did
+        self.parts: dict[int, dict] | None = None   # the workers' parts of the checkpoint asked for, until all are in
+        self.gathered: list[list[dict]] = []    # checkpoints whose parts are all in, each in rank order, to write
+        self.at_save: dict | None = None        # the server's state at the release that asked for them (``state``)
         self.ended = False              # the run's last release is answered
         self.returned = 0               # what the last dead worker had been granted and not delivered
         self.pending: list[Push] = []
@@ -246,8 +252,10 @@ class ParameterServer:
                 return "it died before every worker had joined the parameter server"
             if self.ended:
                 return "the run's last answer was given"
-            if rank in self.in_save:
-                return "it died while the workers saved a checkpoint, whose exchanges wait for every worker"
+            if self.parts is not None and rank not in self.parts:   # nobody waits for it: that checkpoint is not written
+                self.parts = None
+                self.records.append({"event": "save_dropped", "time": time.time(), "rank": rank, "updates": self.saved,
+                                     "why": f"worker {rank} died before it sent its part; the next checkpoint is written"})
             self.pending = [push for push in self.pending if push.rank != rank]
             self.parked.discard(rank)
             self.unmeasured.pop(rank, None)     # its last record keeps the server's figure
@@ -271,17 +279,24 @@ class ParameterServer:
             self.shared.pop(rank, None)
         self.base[rank] = self.version
         place = self.places[rank]
-        self.healed.append({"event": "healed", "rank": rank, "step": place[1] if place else 0, "mode": "async",
-                            "version": self.version, "returned_updates": self.returned})
+        self.healed.append({"event": "healed", "time": time.time(), "rank": rank, "step": place[1] if place else 0,
+                            "mode": "async", "version": self.version, "returned_updates": self.returned})
         if self.saving or self._finished():
             self.parked.add(rank)
             return self._settle()
         grant = self._grants([rank], self.clock())[0]
         return [(rank, self._reply(rank, grant, whole=True, buffers=self._averaged()))] + self._settle()
 
-    def part_saved(self, rank: int) -> list[Answer]:
-        """Worker ``rank`` has taken its part in a checkpoint (its exchanges are done): a death is healed in place again."""
-        self.in_save.discard(rank)
+    def part(self, rank: int, part: dict) -> list[Answer]:
+        """Worker ``rank``'s part of the checkpoint its last release asked for (harness/training/loop.py's ``part``);
+        once every worker's is in, the checkpoint is ``gathered`` for the parent to write
+        (harness/resilience/gathered.py). Not answered: the worker goes on training."""
+        if self.parts is not None:
+            self.parts[rank] = part
+            if len(self.parts) == self.workers:     # rank 0's own part carries the server's state, as it resumes it
+                self.gathered.append([{**self.parts[0], "server": self.at_save},
+                                      *(self.parts[r] for r in range(1, self.workers))])
+                self.parts = self.at_save = None
         return []
 
     def push(self, rank: int, step: int, updates: int, delta: Any, park: bool = False,
@@ -423,7 +438,7 @@ class ParameterServer:
         finished = self._finished()
         save = self.plan.saves and (self.saving or finished and self.stop_why != -1 and self.applied != self.saved)
         if save:
-            self.saved, self.in_save = self.applied, set(range(self.workers))
+            self.saved, self.parts = self.applied, {}
         self.ended = finished
         if finished and not self.stop_why:
             self.validator = self.grants.fastest(otherwise=0)
@@ -432,14 +447,12 @@ class ParameterServer:
         now = self.clock()
         ranks = list(range(self.workers))
         whole = not self.views or self.grants.left <= 0
-        state = self.state() if save else None      # before the grants below: what every worker has run
+        if save:        # before the grants below: what every worker has run; goes with the workers' parts
+            self.at_save = {"anchor": [t.clone() for t in self.anchor], **self.state()}
         buffers = self._averaged()
-        answers = [(r, {**self._reply(r, grant, whole=whole, kept=kept, buffers=buffers), "parked": True, "save": save,
-                        "final": finished})
-                   for r, grant in zip(ranks, self._grants(ranks, now))]
-        if save:
-            answers[0][1]["server"] = state
-        return answers
+        return [(r, {**self._reply(r, grant, whole=whole, kept=kept, buffers=buffers), "parked": True, "save": save,
+                     "final": finished})
+                for r, grant in zip(ranks, self._grants(ranks, now))]
 
     def _reply(self, rank: int, grant: int, reserve: bool = True, whole: bool = False,
                kept: bool = False, buffers: list[torch.Tensor] | None = None) -> dict[str, Any]:
@@ -494,10 +507,10 @@ class ParameterServer:
         return {"change": change}
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the server beyond the anchor (which the worker has), taken at a
-        consistent point: the outer momentum, the version, the updates each worker has run (the budget
-        spent) and their measured rates (a resumed run grants by them from its first round); with compressed pulls the anchor too (each worker saves its own view of it, which its join brings
-        back)."""
+        """What a checkpoint keeps of the server beyond the anchor, taken at a consistent point: the outer
+        momentum, the version, the updates each worker has run (the budget spent) and their measured rates (a
+        resumed run grants by them from its first round); with compressed pulls the anchor too (each worker saves
+        its own view of it, which its join brings back)."""
         state = {"version": self.version, "updates": list(self.grants.given), "rates": list(self.grants.rates),
                  "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
         if self.wire.compressed:        # rank 0 holds its view of the anchor: the anchor goes with the state
@@ -524,7 +537,7 @@ class ParameterServer:
     def handle(self, rank: int, request: tuple[str, Any]) -> list[Answer]:
         """``ctx.request("server", request)`` in the parent (``Children.serve``, on the thread that reads the
         socket): ("join", state), ("rejoin", state), ("push", {"step", "updates", "delta", "park", "signal", "ahead",
-        "waited", "stood", "buffers", "place"}), ("report", record), ("stood", seconds) or ("saved", None). What a
+        "waited", "stood", "buffers", "place"}), ("report", record), ("stood", seconds) or ("part", part). What a
         dead worker sent that is read after its death (``lose``) is ignored."""
         with self.lock:
             if rank in self.lost and request[0] != "rejoin":
@@ -537,15 +550,21 @@ class ParameterServer:
             return self.join(rank, body)
         if kind == "rejoin":
             return self.rejoin(rank, body)
-        if kind == "saved":
-            return self.part_saved(rank)
+        if kind == "part":
+            return self.part(rank, body)
         if kind == "push":
             return self.push(rank, **body)
         if kind == "report":
             return self.report(rank, body)
         if kind == "stood":
             return self.measured(rank, body)
-        raise ValueError(f"request {kind!r}: the parameter server answers join, rejoin, push, report, stood and saved")
+        raise ValueError(f"request {kind!r}: the parameter server answers join, rejoin, push, report, stood and part")
+
+    def checkpoints(self) -> list[list[dict]]:
+        """The checkpoints whose parts are all in since the last call, each a list of parts in rank order."""
+        with self.lock:
+            gathered, self.gathered = self.gathered, []
+            return gathered
 
     def drain(self, everything: bool = False) -> list[dict]:
         """The records since the last drain (the parent's main thread writes them), up to the first whose worker

@@ -126,9 +126,6 @@ class Synchroniser:
             self.finish()
         return unsaved
 
-    def after_save(self) -> None:
-        """This rank's part of a checkpoint is taken (every exchange of it done); nothing to do but in async mode."""
-
     @contextlib.contextmanager
     def global_weights(self) -> Iterator[None]:
         """The weights the group agrees on in the model, for evaluation and a checkpoint's model (the

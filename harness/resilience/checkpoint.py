@@ -3,6 +3,7 @@
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,6 +16,18 @@ class CheckpointError(ValueError):
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "step", "config")
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def layout(model: dict, optimizer: dict | None, where: Any, rng: list, loss_scale: list | None, ranks: list | None,
+           config: dict) -> dict:
+    """A checkpoint's contents: the ``model``'s state, rank 0's ``optimizer`` state (unsharded), ``where`` the run
+    stands (harness/resilience/heal.py's Where: epoch, update, position in the epoch, early stopping), every rank's
+    random generators and loss scale, every rank's own part (``ranks``: param and async modes) and the ``config``.
+    Written by rank 0 (harness/training/loop.py) or, in async mode, by the parent from the parts the workers sent
+    (harness/resilience/gathered.py)."""
+    return {"model": model, "optimizer": optimizer, "epoch": where.epoch, "step": where.step,
+            "position": where.position, "rng": rng, "early_stop": (where.best_error, where.stale),
+            "loss_scale": loss_scale, "ranks": ranks, "config": config}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:

@@ -2,7 +2,7 @@
 
 ``save(path, state)`` takes a snapshot of every tensor in ``state`` and returns: on a GPU the
 snapshot is an asynchronous copy into pinned host buffers, kept from one save to the next; on the
-CPU, a clone. A thread then waits for the copy, writes the file (harness/resilience/checkpoint.py: temporary
+CPU, a clone (none with ``copy=False``: the caller gives ``state`` away). A thread then waits for the copy, writes the file (harness/resilience/checkpoint.py: temporary
 file, fsync, atomic rename, so a crash mid-write leaves the previous checkpoint whole) and calls
 ``done``. Never two writes at once: a save waits for the one before it, which also makes reusing
 the host buffers safe. ``wait()`` returns once the last write is on disk and raises its error.
@@ -19,7 +19,8 @@ from .checkpoint import save_checkpoint
 
 
 class BackgroundSaver:
-    def __init__(self) -> None:
+    def __init__(self, copy: bool = True) -> None:
+        self.copy = copy
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._pinned: dict[tuple, torch.Tensor] = {}      # host buffers of GPU tensors, by their place in the state
@@ -27,7 +28,7 @@ class BackgroundSaver:
     def save(self, path: str | os.PathLike, state: dict, done: Callable[[], None] = lambda: None) -> None:
         self.wait()
         copied = torch.cuda.Event() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        snapshot = self._snapshot(state, ())
+        snapshot = self._snapshot(state, ()) if self.copy else state
         if copied is not None:
             copied.record()
         self._thread = threading.Thread(target=self._write, args=(path, snapshot, copied, done),

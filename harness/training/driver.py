@@ -180,17 +180,17 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     the parent serves the parameter server (its records, outer_sync and the workers' validations, logged
     as rank 0's records come, before them), which a dead worker's replacement rejoins."""
     from harness.collectives.shared import SharedAreas
+    from harness.resilience.gathered import GatheredCheckpoints
     from harness.training.build import make_server
     from harness.training.loop import train_worker
     server = make_server(config, steps_per_epoch) if config.mode == "async" else None
     if server is not None:
         kids.serve("server", server.handle)
+        served = Served(server, progress, GatheredCheckpoints(config.save) if config.save else None,
+                        lambda healed: {**recovery.healed(healed), "pids": kids.pids})
     if interrupts is not None:
         interrupts.watch(kids)
     kids.watch_silence(progress.silent)
-
-    def recovered(healed: dict) -> dict:
-        return {**recovery.healed(healed), "pids": kids.pids}
     try:
         kids.exec(train_worker, config)
         progress.handle({"event": "workers", "pids": kids.pids, "hosts": kids.hosts})
@@ -201,8 +201,9 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
                 recovery.heal(kids, failure, unhealable=server.lose(failure.rank) if server is not None else None)
                 continue
             if record["event"] == "healed":
-                record = recovered(record)
-            served_records(server, progress, recovered)
+                record = {**recovery.healed(record), "pids": kids.pids}
+            if server is not None:
+                served.log()
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
@@ -213,14 +214,25 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         kids.stop(grace=1.0)        # a group forked to heal is not stopped by its failure
         raise
     finally:
-        served_records(server, progress, recovered, everything=True)    # what the workers reported last, also before an error
         if server is not None:
+            served.log(everything=True)         # what the workers reported and saved last, also before an error
             SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
 
 
-def served_records(server: Any, progress: Progress, recovered: Callable[[dict], dict], everything: bool = False) -> None:
-    """--mode async: the records the server took since the last call (outer_sync, the workers' validations and
-    bad samples, a replacement's rejoin: ``recovered`` makes it the log's record), logged; an outer_sync record once
-    its worker has said how long it stood still for it (``everything``: all, at the end)."""
-    for served in server.drain(everything) if server is not None else ():
-        progress.handle(recovered(served) if served["event"] == "healed" else served)
+class Served:
+    """--mode async: what the parameter server took since the last ``log`` (outer_sync, the workers' validations and
+    bad samples, a replacement's rejoin as ``recovered`` makes it the log's record, checkpoints whose parts are all
+    in), logged, and those checkpoints written (harness/resilience/gathered.py; None: the run saves nothing); an
+    outer_sync record once its worker has said how long it stood still for it."""
+
+    def __init__(self, server: Any, progress: Progress, gathered: Any, recovered: Callable[[dict], dict]):
+        self.server, self.progress, self.gathered, self.recovered = server, progress, gathered, recovered
+
+    def log(self, everything: bool = False) -> None:
+        """The records and checkpoints since the last call (``everything``: all, at the end, once written)."""
+        for parts in self.server.checkpoints():
+            self.gathered.write(parts)
+        for served in self.server.drain(everything):
+            self.progress.handle(self.recovered(served) if served["event"] == "healed" else served)
+        for saved in self.gathered.records(everything) if self.gathered is not None else ():
+            self.progress.handle(saved)

@@ -6,7 +6,8 @@ worker with batch N*b would), and keeps in step through a Synchroniser. Rank 0 r
 progress to the parent with ``ctx.send`` and writes checkpoints; validation and the epoch's
 loss are reduced over all ranks, so every rank takes the same early-stopping decision (--mode async:
 each rank alone, and the parent's parameter server decides how many updates each rank runs, when it
-validates, saves and stops: harness/collectives/async_worker.py).
+validates, saves and stops: harness/collectives/async_worker.py; the parent writes its checkpoints
+from every worker's part: harness/resilience/gathered.py).
 
 A run lasts ``epochs`` or ``max_steps`` updates and may be saved every N steps, mid-epoch.
 A checkpoint records (epoch, step, position in the epoch) and every rank's random generators, so
@@ -36,7 +37,7 @@ from harness.control import timeline
 from harness.control.errors import PeerFailed
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import EvaluationBatches
-from harness.resilience.checkpoint import load_checkpoint, rng_state, set_rng_state, to_host
+from harness.resilience.checkpoint import layout, load_checkpoint, rng_state, set_rng_state, to_host
 from harness.resilience.heal import Salvage, Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
@@ -445,6 +446,10 @@ class Worker:
         if not self.finite():
             self.diverge(f"the parameters are not finite at update {s.step}")
             return
+        if self.asynchronous:       # to the parent, which writes it (harness/resilience/gathered.py): no exchange
+            self.sync.save_part(self.part())
+            s.saved_at = s.step
+            return
         generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
         # every rank's (param mode's replicas scale apart; grad mode's alike)
         scales = self.ctx.exchange(self.ctx.unique_tag("loss-scale"), self.scaler.state_dict()) if self.scaler else None
@@ -452,25 +457,35 @@ class Worker:
         optimizer = gather_state(self.optimizer, self.shards, self.comm, self.model) if self.shards is not None \
             else self.optimizer.state_dict() if self.lead else None
         local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
-        ranks = None if local is None else self.ctx.exchange(
-            self.ctx.unique_tag("ranks"), {**local, "optimizer": to_host(self.optimizer.state_dict()),
-                                           "place": self.place()})
-        self.sync.after_save()
+        ranks = None if local is None else self.ctx.exchange(self.ctx.unique_tag("ranks"), self.own_part(local))
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
                 self.write(s.where(), optimizer, generators, scales, ranks)
         s.saved_at = s.step
+
+    def own_part(self, local: dict) -> dict:
+        """This rank's own part of a checkpoint (``ranks``): its synchroniser's ``local`` state, its optimizer's and
+        its place."""
+        return {**local, "optimizer": to_host(self.optimizer.state_dict()), "place": self.place()}
+
+    def part(self) -> dict:
+        """--mode async: all that this worker adds to a checkpoint, for the parent to write: its own part, its
+        generators and loss scale, and on rank 0 the model (the anchor), where it stands and the config."""
+        part = {**self.own_part(self.sync.state_dict()), "rng": rng_state(self.device),
+                "loss_scale": self.scaler.state_dict() if self.scaler is not None else None}
+        if self.lead:
+            with self.sync.global_weights():
+                part["checkpoint"] = {"model": to_host(self.model.state_dict()), "where": self.state.where(),
+                                      "config": self.config.to_dict()}
+        return part
 
     def write(self, place: Where, optimizer: dict | None, generators: list, scales: list | None, ranks: list | None,
               **record: Any) -> None:
         """The checkpoint of the model as it is now, at ``place``, written to --save in the background; the "saved"
         record (with ``record``'s fields) goes to the parent once it is on disk."""
         saved = {"event": "saved", "epoch": place.epoch, "step": place.step, "path": self.config.save, **record}
-        self.saver.save(self.config.save, {"model": self.model.state_dict(), "optimizer": optimizer,
-                                           "epoch": place.epoch, "step": place.step, "position": place.position,
-                                           "rng": generators, "early_stop": (place.best_error, place.stale),
-                                           "loss_scale": scales, "ranks": ranks, "config": self.config.to_dict()},
-                        done=lambda: self.ctx.send(saved))
+        self.saver.save(self.config.save, layout(self.model.state_dict(), optimizer, place, generators, scales, ranks,
+                                                 self.config.to_dict()), done=lambda: self.ctx.send(saved))
 
     def finite(self, alone: bool = False) -> bool:
         """Whether every rank's parameters are finite (one all-reduce of a flag; ``alone``: this rank's only):

@@ -147,7 +147,7 @@ def measure(found: list[dict], signalled: list[tuple[float, str]]) -> dict:
     lost (a restart: at least those between its checkpoint and the last progress record before the
     signal), each heal's phases and queued updates, and every failure's cause."""
     heals = [r for r in found if r["event"] == "recovered"]
-    recover, lost, phases = [], [r["steps_lost"] for r in heals], []
+    recover, lost, phases = [], [r["steps_lost"] for r in heals if "steps_lost" in r], []   # async: not known
     for when, _ in signalled:
         after = [r for r in found if r["event"] in ("recovered", "first_step") and r["time"] >= when]
         if not after:
