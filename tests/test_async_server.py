@@ -30,6 +30,7 @@ from harness.training.metrics import read_metrics
 from tests.helpers import slow_model
 from tests.helpers.batchnorm_model import SPEC as BATCHNORM_MODEL
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
+from tests.helpers.processes import wait_gone
 from tests.helpers.runs import finish, interrupt, start_train, wait_for_record, workers_of
 from tests.helpers.training import cli, flat_params, run_train, train_error
 
@@ -704,6 +705,24 @@ def test_a_worker_killed_mid_run_restarts_the_group_from_the_last_checkpoint_and
     assert [(r["rank"], r["cause"]) for r in restarts] == [(1, "was killed by signal SIGKILL")]
     assert torch.equal(flat_params(straight), flat_params(tmp_path / "model.pt"))
     assert left == [] and not list(Path("/dev/shm").glob("harness-async-*"))
+
+
+def test_a_killed_parent_takes_the_server_and_its_workers_with_it_and_the_last_checkpoint_resumes_bit_for_bit(
+        tmp_path):
+    """The server lives in the parent, so its death ends the group (the workers exit once they no longer hear it);
+    what it had written, every worker's part of the last checkpoint, goes on to the uninterrupted run's end."""
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, *SLOWED, "--max-steps", "64", "--save-every-steps", "16",
+             "--heartbeat-timeout", "3"]      # how soon a worker gives up a silent parent
+    _, straight = run_train(tmp_path, *flags, name="straight")
+    process = start_train(tmp_path, *flags)
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
+    workers = workers_of(process)
+    process.kill()
+    process.communicate()
+    assert len(workers) == 2 and wait_gone(workers, 20) == []
+    assert 0 < load_checkpoint(tmp_path / "model.pt")["step"] < 64
+    _, resumed = run_train(tmp_path, *flags, "--resume", str(tmp_path / "model.pt"), name="resumed")
+    assert torch.equal(flat_params(straight), flat_params(resumed))
 
 
 @pytest.mark.parametrize("staleness, killed", [("0", 1), ("1", 0)])
