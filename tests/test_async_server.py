@@ -189,6 +189,17 @@ def test_a_worker_pushing_twice_as_often_waits_exactly_when_it_would_exceed_stal
     assert all(0 <= s <= 1 for s in stalenesses)
 
 
+def test_a_push_is_not_applied_alone_where_another_pending_push_would_then_be_more_than_s_versions_stale():
+    """Three workers at S = 1: C waits for B, which then pushes from version 0; C's push alone would have left B's
+    pending push two versions stale (it was applied so, until a soak found it)."""
+    server = started(3, 1, hold=0)
+    server.push(0, 4, 4, delta(0.1))                    # applied at once: version 1
+    assert server.push(2, 4, 4, delta(0.1)) == []       # C (base 1) waits: B (base 0) would be 2 behind
+    assert server.push(1, 4, 4, delta(0.1)) == []       # B (base 0) pending: C's alone would leave it 2 behind
+    assert sorted(r for r, _ in server.push(0, 8, 4, delta(0.1))) == [0, 1, 2]     # averaged together
+    assert max(r["staleness"] for r in server.records) == 1
+
+
 def test_a_push_waits_for_workers_not_measured_yet_or_due_back_within_a_round_and_they_are_averaged():
     clock = Clock()
     server = started(2, 1, clock=clock)

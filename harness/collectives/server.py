@@ -12,9 +12,10 @@ On each push (and after each step it applies) the server repeats, until neither 
    then divided by the number of workers N, as a gloo all-reduce averages), all of them answered;
 2. else the oldest pending push alone, as its 1/N share of a round (its delta divided by the number of
    workers: applied whole, one worker's pushes moved the anchor N times too far, and the slow-link bench
-   ended at a validation loss of 3.78 against 2.76), if no active worker without a pending push would
-   then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u, and unless every such
-   u is due back within HOLD of a round (its grant at its measured rate, harness/collectives/grants.py;
+   ended at a validation loss of 3.78 against 2.76), if no active worker without a pending push, and no
+   other pending push, would then be more than S versions behind: ``(V + 1) - base_u <= S`` for each such u
+   (a pending push left out counts too: with three workers it was later applied S + 1 stale), and unless every
+   worker without a pending push is due back within HOLD of a round (its grant at its measured rate, harness/collectives/grants.py;
    or not measured yet: the first round), in which case the push waits for them and rule 1 averages them.
 
 With S = 0 rule 2 never fires: every version is one synchronous round, the very arithmetic of
@@ -174,7 +175,7 @@ class ParameterServer:
         self.version = 0
         self.base = [0] * workers
         self.places: list[tuple[int, int, int] | None] = [None] * workers  # at each worker's last applied push or join
-        self.lost: set[int] = set()     # dead workers whose replacements have not joined yet
+        self.lost: dict[int, float] = {}        # dead workers whose replacements have not joined yet: since when
         self.placing: set[int] = set()  # replacements whose next answer says where they go on from
         self.generation = 0             # the group's (harness/child.py), as the last replacement's join brought it
         self.parts: dict[int, dict] | None = None   # the workers' parts of the checkpoint asked for, until all are in
@@ -260,7 +261,7 @@ class ParameterServer:
             self.parked.discard(rank)
             self.unmeasured.pop(rank, None)     # its last record keeps the server's figure
             self.returned = self.grants.lose(rank)
-            self.lost.add(rank)
+            self.lost[rank] = time.monotonic()
             return None
 
     def rejoin(self, rank: int, state: dict) -> list[Answer]:
@@ -269,7 +270,7 @@ class ParameterServer:
         (a checkpoint, the end, a stop); ``state``: the group's new ``generation`` and any shared areas it offers."""
         if rank not in self.lost:
             raise RuntimeError(f"worker {rank} rejoined the parameter server, but it had not died")
-        self.lost.discard(rank)
+        lost = time.monotonic() - self.lost.pop(rank)
         self.placing.add(rank)
         self.generation = max(self.generation, state.get("generation", 0))
         areas = self._mapped(state)
@@ -280,7 +281,8 @@ class ParameterServer:
         self.base[rank] = self.version
         place = self.places[rank]
         self.healed.append({"event": "healed", "time": time.time(), "rank": rank, "step": place[1] if place else 0,
-                            "mode": "async", "version": self.version, "returned_updates": self.returned})
+                            "mode": "async", "version": self.version, "returned_updates": self.returned,
+                            "seconds": lost})       # from the death seen to the rejoin, not to when the log had it
         if self.saving or self._finished():
             self.parked.add(rank)
             return self._settle()
@@ -347,7 +349,8 @@ class ParameterServer:
         idle = [r for r in range(self.workers) if r not in waiting and r not in self.parked]
         if not idle:
             return sorted(self.pending, key=lambda p: p.rank)
-        if all(self.version + 1 - self.base[u] <= self.max_staleness for u in idle) \
+        behind = [self.base[u] for u in idle] + [push.base for push in self.pending[1:]]
+        if all(self.version + 1 - base <= self.max_staleness for base in behind) \
                 and not (self.hold and self.grants.back_within(idle, self.clock(), self.hold)):
             return [self.pending[0]]
         return None

@@ -198,6 +198,8 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
             try:
                 record = kids[0].receive()
             except ChildFailed as failure:
+                if server is not None:
+                    served.log()        # a replacement that rejoined since ended its heal: this failure is another
                 recovery.heal(kids, failure, unhealable=server.lose(failure.rank) if server is not None else None)
                 continue
             if record["event"] == "healed":
