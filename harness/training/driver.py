@@ -200,7 +200,8 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
             except ChildFailed as failure:
                 if server is not None:
                     served.log()        # a replacement that rejoined since ended its heal: this failure is another
-                recovery.heal(kids, failure, unhealable=server.lose(failure.rank) if server is not None else None)
+                lost = server is not None and recovery.heals_in_place     # --heal off: the group restarts anyway
+                recovery.heal(kids, failure, unhealable=server.lose(failure.rank) if lost else None)
                 continue
             if record["event"] == "healed":
                 record = {**recovery.healed(record), "pids": kids.pids}
