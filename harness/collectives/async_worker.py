@@ -96,7 +96,7 @@ class AsyncSynchroniser(Synchroniser):
         super().__init__(Solo(flat.params[0].device.type), flat)
         self.rank, self.workers, self.ctx, self.signal = rank, workers, ctx, signal
         self.served, self.wire, self.held, self.where = served, wire or Wire(Codec()), held, place
-        self.place: tuple[int, int, int] | None = None     # a replacement's: where its predecessor's last push was
+        self.predecessor: tuple[int, int, int] | None = None   # a replacement's: where the dead worker last pushed
         self.kept = False               # the join left this worker the anchor it saved (compressed pulls)
         # a compressed push's rounding error, sent with the next push
         self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params] if self.wire.compressed else None
@@ -311,8 +311,8 @@ class AsyncSynchroniser(Synchroniser):
         self.asked |= {what for what in ("validate", "save") if reply[what]}
         self.ctx.follow_heal(reply.get("generation", 0))      # a replacement joined: its exchanges are the next ones
         if "place" in reply:        # this worker replaces a dead one, which pushed last at this place
-            self.place = reply["place"]
-            self.pushed_at = self.step = self.place[1]
+            self.predecessor = reply["place"]
+            self.pushed_at = self.step = self.predecessor[1]
 
     def watch(self, loss: torch.Tensor) -> None:
         """Note whether an update's ``loss`` is finite, on its device: a GPU worker does not wait for each update

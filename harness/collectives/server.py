@@ -175,14 +175,13 @@ class ParameterServer:
         self.version = 0
         self.base = [0] * workers
         self.places: list[tuple[int, int, int] | None] = [None] * workers  # at each worker's last applied push or join
-        self.lost: dict[int, float] = {}        # dead workers whose replacements have not joined yet: since when
+        self.lost: dict[int, tuple[float, int]] = {}    # dead workers not replaced yet: since when, updates returned
         self.placing: set[int] = set()  # replacements whose next answer says where they go on from
         self.generation = 0             # the group's (harness/child.py), as the last replacement's join brought it
         self.parts: dict[int, dict] | None = None   # the workers' parts of the checkpoint asked for, until all are in
         self.gathered: list[list[dict]] = []    # checkpoints whose parts are all in, each in rank order, to write
         self.at_save: dict | None = None        # the server's state at the release that asked for them (``state``)
         self.ended = False              # the run's last release is answered
-        self.returned = 0               # what the last dead worker had been granted and not delivered
         self.pending: list[Push] = []
         self.parked: set[int] = set()
         self.joined: dict[int, dict | None] = {}
@@ -260,8 +259,7 @@ class ParameterServer:
             self.pending = [push for push in self.pending if push.rank != rank]
             self.parked.discard(rank)
             self.unmeasured.pop(rank, None)     # its last record keeps the server's figure
-            self.returned = self.grants.lose(rank)
-            self.lost[rank] = time.monotonic()
+            self.lost[rank] = time.monotonic(), self.grants.lose(rank)
             return None
 
     def rejoin(self, rank: int, state: dict) -> list[Answer]:
@@ -270,7 +268,7 @@ class ParameterServer:
         (a checkpoint, the end, a stop); ``state``: the group's new ``generation`` and any shared areas it offers."""
         if rank not in self.lost:
             raise RuntimeError(f"worker {rank} rejoined the parameter server, but it had not died")
-        lost = time.monotonic() - self.lost.pop(rank)
+        since, returned = self.lost.pop(rank)
         self.placing.add(rank)
         self.generation = max(self.generation, state.get("generation", 0))
         areas = self._mapped(state)
@@ -281,8 +279,8 @@ class ParameterServer:
         self.base[rank] = self.version
         place = self.places[rank]
         self.healed.append({"event": "healed", "time": time.time(), "rank": rank, "step": place[1] if place else 0,
-                            "mode": "async", "version": self.version, "returned_updates": self.returned,
-                            "seconds": lost})       # from the death seen to the rejoin, not to when the log had it
+                            "mode": "async", "version": self.version, "returned_updates": returned,
+                            "seconds": time.monotonic() - since})       # from the death seen to the rejoin, not to when the log had it
         if self.saving or self._finished():
             self.parked.add(rank)
             return self._settle()
@@ -451,7 +449,7 @@ class ParameterServer:
         ranks = list(range(self.workers))
         whole = not self.views or self.grants.left <= 0
         if save:        # before the grants below: what every worker has run; goes with the workers' parts
-            self.at_save = {"anchor": [t.clone() for t in self.anchor], **self.state()}
+            self.at_save = self.state()
         buffers = self._averaged()
         return [(r, {**self._reply(r, grant, whole=whole, kept=kept, buffers=buffers), "parked": True, "save": save,
                      "final": finished})
@@ -510,15 +508,12 @@ class ParameterServer:
         return {"change": change}
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the server beyond the anchor, taken at a consistent point: the outer
-        momentum, the version, the updates each worker has run (the budget spent) and their measured rates (a
-        resumed run grants by them from its first round); with compressed pulls the anchor too (each worker saves
-        its own view of it, which its join brings back)."""
-        state = {"version": self.version, "updates": list(self.grants.given), "rates": list(self.grants.rates),
-                 "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
-        if self.wire.compressed:        # rank 0 holds its view of the anchor: the anchor goes with the state
-            state["anchor"] = [t.clone() for t in self.anchor]
-        return state
+        """What a checkpoint keeps of the server, taken at a consistent point (a resumed run's join hands it back): the
+        anchor, the outer momentum, the version, the updates each worker has run (the budget spent) and their
+        measured rates (a resumed run grants by them from its first round)."""
+        return {"anchor": [t.clone() for t in self.anchor], "version": self.version, "updates": list(self.grants.given),
+                "rates": list(self.grants.rates),
+                "momentum": [t.clone() for t in self.momentum] if self.momentum is not None else None}
 
     def report(self, rank: int, record: dict) -> list[Answer]:
         """A worker's record (a validation, a bad sample), stamped with the server's clock (the parent's), for

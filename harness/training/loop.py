@@ -553,7 +553,7 @@ class Worker:
         answers with the anchor and the place of the dead worker's last applied push, and go on from there, with an
         inner optimizer afresh (the dead one's state is gone; the survivors train on and hand over nothing)."""
         self.attach(start=True)
-        epoch, step, position = self.sync.place
+        epoch, step, position = self.sync.predecessor
         self.state.go_to(Where(epoch, step, position, math.inf, 0), self.batches.steps_per_epoch)
         self.stream = None
         self.reseed(self.state.epoch, self.state.step)
