@@ -11,7 +11,9 @@ Wrappers (``--wrap``):
 - ``ddp``: the same DDP, eager;
 - ``torch-zero``: eager DDP with torch's ZeroRedundancyOptimizer over the fused optimizer (ZeRO-1);
 - ``fsdp2``: ``fully_shard`` on each transformer block and on the root, ``reshard_after_forward=False``
-  (ZeRO-2's SHARD_GRAD_OP), gradient sync only on the last micro-batch, the fused optimizer on DTensors.
+  (ZeRO-2's SHARD_GRAD_OP), gradient sync only on the last micro-batch, the fused optimizer on DTensors;
+- ``torch-zero-compile``, ``fsdp2-compile``: the same, then torch.compile of the whole module, loss
+  included (Dynamo runs FSDP2's hooks eagerly between the compiled pieces).
 
 Models (``--model``): ``resnet50`` (batch 128 per GPU, channels_last, bf16 autocast, fused SGD with
 momentum, one resident synthetic batch, as Train.py's ``--dataset synthetic``) and ``gpt-nanogpt``
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from scripts.bench.common import FIRST_STEP
 
-WRAPS = ("ddp-compile", "ddp-compile-inner", "ddp", "torch-zero", "fsdp2")
+WRAPS = ("ddp-compile", "ddp-compile-inner", "ddp", "torch-zero", "torch-zero-compile", "fsdp2", "fsdp2-compile")
 
 
 def resnet50(rank: int) -> tuple:
@@ -76,7 +78,8 @@ def wrap(kind: str, model, optimizer: tuple, accum: int) -> tuple:
     import torch
     from torch.nn.parallel import DistributedDataParallel
     cls, options, groups = optimizer
-    if kind == "fsdp2":
+    compiled = kind in ("ddp-compile", "torch-zero-compile", "fsdp2-compile")
+    if kind.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
         for block in model.transformer.h if hasattr(model, "transformer") else model.children():
             fully_shard(block, reshard_after_forward=False)
@@ -87,13 +90,14 @@ def wrap(kind: str, model, optimizer: tuple, accum: int) -> tuple:
             model.set_requires_gradient_sync(False)
             yield
             model.set_requires_gradient_sync(True)
-        return model, cls(groups(list(model.parameters())), **options, fused=True), no_sync
+        optimizer = cls(groups(list(model.parameters())), **options, fused=True)
+        return torch.compile(model) if compiled else model, optimizer, no_sync
     # static_graph only without accumulation: DDP's static graph expects every backward to sync
     ddp = DistributedDataParallel(torch.compile(model) if kind == "ddp-compile-inner" else model,
                                   device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True,
                                   static_graph=accum == 1)
-    module = torch.compile(ddp) if kind == "ddp-compile" else ddp
-    if kind == "torch-zero":
+    module = torch.compile(ddp) if compiled else ddp
+    if kind.startswith("torch-zero"):
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return module, ZeroRedundancyOptimizer(groups(list(model.parameters())), optimizer_class=cls, **options,
                                                fused=True), ddp.no_sync

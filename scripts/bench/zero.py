@@ -15,9 +15,13 @@ reshard_after_forward=False). Every row there has ``peak_mb`` = the largest rank
 (Train.py: at its first update, graph and optimizer state made; torchrun: at the run's end) and
 ``peak_reserved_mb``. ``--grad-accum A`` runs every one of those rows with A micro-batches of 16 an update instead
 of the recipe's 4 (what --zero 2's reduce-scatter of every micro-batch costs against DDP's one all-reduce).
+``--compile`` compiles every one of those rows (row ``compile`` true): Train.py ``--compile`` (the compiled step
+in the whole-step CUDA graph) against torch.compile of the torchrun module, loss included (peers.py's
+``ddp-compile``, ``torch-zero-compile``, ``fsdp2-compile``).
 
     python -m scripts.bench.zero --out bench/results/DATE-cpu2-zero --workers 2,4,8
     python -m scripts.bench.zero --out bench/results/DATE-DEVICE-zero --workers 2 --gpus --peers
+    python -m scripts.bench.zero --out bench/results/DATE-DEVICE-zero-compiled --workers 2 --gpus --peers --compile
 """
 from __future__ import annotations
 
@@ -51,12 +55,13 @@ def row(workers: int, zero: int, steps: int, scratch: Path, extra: list[str], mo
 PEERS = (("ddp", 0), ("torch-zero", 1), ("fsdp2", 2))      # torchrun's variant and the --zero it matches
 
 
-def gpt_flags(workers: int, tokens: Path, accum: int | None) -> list[str]:
+def gpt_flags(workers: int, tokens: Path, accum: int | None, compile: bool) -> list[str]:
     """Train.py's flags for GPT-2 124M on nanoGPT's model and recipe, one worker per GPU; ``accum``: another
     number of micro-batches per update than the recipe's 4."""
     return ["--gpus", ",".join(map(str, range(workers))), "--model", "scripts.bench.nanogpt_model:gpt2",
             "--dataset", "tokens", "--data-dir", str(tokens), "--dataset-options",
-            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE, *accumulation(accum)]
+            json.dumps({"block_size": 1024, "vocab_size": 50257}), *GPT_RECIPE, *accumulation(accum),
+            *(["--compile"] if compile else [])]
 
 
 def accumulation(accum: int | None) -> list[str]:
@@ -64,11 +69,12 @@ def accumulation(accum: int | None) -> list[str]:
     return ["--grad-accum", str(accum)] if accum else []
 
 
-def peer_row(workers: int, wrap: str, zero: int, steps: int, tokens: Path, accum: int | None) -> dict:
-    """The same GPT under torchrun and ``wrap`` (scripts/bench/peers.py)."""
-    measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt", "--wrap", wrap,
+def peer_row(workers: int, wrap: str, zero: int, steps: int, tokens: Path, accum: int | None, compile: bool) -> dict:
+    """The same GPT under torchrun and ``wrap`` (scripts/bench/peers.py), compiled or not."""
+    measured, _ = torchrun(workers, "scripts.bench.peers", "--model", "gpt-nanogpt",
+                           "--wrap", f"{wrap}-compile" if compile else wrap,
                            "--steps", str(steps), "--tokens", str(tokens), *accumulation(accum))
-    return {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap,
+    return {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap, "compile": compile,
             **{k: measured[k] for k in ("param_mb", "grad_mb", "optimizer_mb", "step_ms")},
             "peak_mb": measured["peak_allocated_mb"], "peak_reserved_mb": measured["peak_mb"], "device": device()}
 
@@ -78,13 +84,15 @@ def measure(rows: list[dict], workers: int, args: argparse.Namespace) -> None:
     logs = args.out / "logs"
     if args.peers:
         tokens = make_tokens(args.out / "tokens")
+        about = {"model": "gpt-nanogpt", "workers": workers, "compile": args.compile}
         for zero in args.zero if "harness" in args.variants.split(",") else ():
-            record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": "harness"},
-                       lambda: row(workers, zero, args.steps, logs, gpt_flags(workers, tokens, args.grad_accum),
-                                   "gpt-nanogpt"))
+            record_row(rows, args.out, {**about, "zero": zero, "variant": "harness"},
+                       lambda: {**row(workers, zero, args.steps, logs,
+                                      gpt_flags(workers, tokens, args.grad_accum, args.compile), "gpt-nanogpt"),
+                                "compile": args.compile})
         for wrap, zero in (p for p in PEERS if p[0] in args.variants.split(",")):
-            record_row(rows, args.out, {"model": "gpt-nanogpt", "workers": workers, "zero": zero, "variant": wrap},
-                       lambda: peer_row(workers, wrap, zero, args.steps, tokens, args.grad_accum))
+            record_row(rows, args.out, {**about, "zero": zero, "variant": wrap},
+                       lambda: peer_row(workers, wrap, zero, args.steps, tokens, args.grad_accum, args.compile))
         return
     where = ["--gpus", ",".join(map(str, range(workers)))] if args.gpus else ["--cpu-workers", str(workers)]
     for zero, replica in [(z, False) for z in args.zero] + [(z, True) for z in args.zero if z and args.replica]:
@@ -106,6 +114,8 @@ def main() -> None:
     p.add_argument("--variants", default="harness,ddp,torch-zero,fsdp2", help="with --peers: which rows")
     p.add_argument("--grad-accum", type=int, help="with --peers: micro-batches per update, every row (default: "
                                                   "nanoGPT's recipe, 4)")
+    p.add_argument("--compile", action="store_true", help="with --peers: every row compiled (Train.py --compile; "
+                                                           "torch.compile of the torchrun module, loss included)")
     p.add_argument("--zero", default="0,1,2", help="the harness rows' --zero stages, comma-separated (default 0,1,2)")
     args = p.parse_args()
     args.zero = [int(z) for z in args.zero.split(",")]
