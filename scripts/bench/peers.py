@@ -11,7 +11,9 @@ Wrappers (``--wrap``):
 - ``ddp``: the same DDP, eager;
 - ``torch-zero``: eager DDP with torch's ZeroRedundancyOptimizer over the fused optimizer (ZeRO-1);
 - ``fsdp2``: ``fully_shard`` on each transformer block and on the root, ``reshard_after_forward=False``
-  (ZeRO-2's SHARD_GRAD_OP), gradient sync only on the last micro-batch, the fused optimizer on DTensors;
+  (ZeRO-2's SHARD_GRAD_OP), gradient sync only on the last micro-batch and the parameters kept gathered
+  between micro-batches (``set_reshard_after_backward(False)`` until then: one all-gather an update, not one
+  a micro-batch), the fused optimizer on DTensors;
 - ``torch-zero-compile``: the same, then torch.compile of the DDP module, loss included;
 - ``fsdp2-compile``: FSDP2 over transformer blocks each replaced by its torch.compile module (torchtitan's
   order, so FSDP2's hooks stay outside the compiled code; the root, with the head and the loss, stays
@@ -92,10 +94,12 @@ def wrap(kind: str, model, optimizer: tuple, accum: int) -> tuple:
         fully_shard(model, reshard_after_forward=False)
 
         @contextlib.contextmanager
-        def no_sync():
+        def no_sync():      # FSDP2's accumulation: no reduce-scatter, and no all-gather again next micro-batch
             model.set_requires_gradient_sync(False)
+            model.set_reshard_after_backward(False)
             yield
             model.set_requires_gradient_sync(True)
+            model.set_reshard_after_backward(True)
         optimizer = cls(groups(list(model.parameters())), **options, fused=True)
         return model, optimizer, no_sync
     # static_graph only without accumulation: DDP's static graph expects every backward to sync
