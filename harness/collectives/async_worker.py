@@ -203,7 +203,7 @@ class AsyncSynchroniser(Synchroniser):
         to_server(self.ctx)({**record, "version": self.version, "updates": self.updates})
 
     def save_part(self, part: dict) -> None:
-        """This worker's part of the checkpoint the server asked for (harness/training/loop.py's ``part``), to the
+        """This worker's part of the checkpoint the server asked for (harness/training/loop_save.py's ``part``), to the
         parent, which writes the checkpoint once every worker's is in (harness/resilience/gathered.py); not waited
         for: there is no exchange of it with the other workers."""
         self.ctx.ask("server", ("part", part))

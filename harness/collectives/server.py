@@ -288,7 +288,7 @@ class ParameterServer:
         return [(rank, self._reply(rank, grant, whole=True, buffers=self._averaged()))] + self._settle()
 
     def part(self, rank: int, part: dict) -> list[Answer]:
-        """Worker ``rank``'s part of the checkpoint its last release asked for (harness/training/loop.py's ``part``);
+        """Worker ``rank``'s part of the checkpoint its last release asked for (harness/training/loop_save.py's ``part``);
         once every worker's is in, the checkpoint is ``gathered`` for the parent to write
         (harness/resilience/gathered.py). Not answered: the worker goes on training."""
         if self.parts is not None:

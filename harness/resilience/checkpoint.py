@@ -23,7 +23,7 @@ def layout(model: dict, optimizer: dict | None, where: Any, rng: list, loss_scal
     """A checkpoint's contents: the ``model``'s state, rank 0's ``optimizer`` state (unsharded), ``where`` the run
     stands (harness/resilience/heal.py's Where: epoch, update, position in the epoch, early stopping), every rank's
     random generators and loss scale, every rank's own part (``ranks``: param and async modes) and the ``config``.
-    Written by rank 0 (harness/training/loop.py) or, in async mode, by the parent from the parts the workers sent
+    Written by rank 0 (harness/training/loop_save.py) or, in async mode, by the parent from the parts the workers sent
     (harness/resilience/gathered.py)."""
     return {"model": model, "optimizer": optimizer, "epoch": where.epoch, "step": where.step,
             "position": where.position, "rng": rng, "early_stop": (where.best_error, where.stale),

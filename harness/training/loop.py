@@ -16,7 +16,8 @@ augmentation are functions of (seed, epoch, index) (harness/data/pipeline.py), n
 
 Reading order: ``train_worker`` -> ``Worker.train`` (the run) -> ``Worker.epoch`` (one epoch) ->
 ``Worker.update`` (one update and its reports); ``validate``, ``save`` and ``heal`` are named steps
-the loop takes. Where the run stands is one dataclass, ``RunState``.
+the loop takes. Where the run stands is one dataclass, ``RunState``. The Worker's checkpoint methods
+live in loop_save.py (``Saving``), its heal methods in loop_heal.py (``Healing``).
 """
 from __future__ import annotations
 
@@ -32,27 +33,26 @@ import torch
 from harness.collectives import nccl, ncclstop
 from harness.collectives.async_worker import ServerVote, Solo, to_server
 from harness.collectives.flat import FlatParameters
-from harness.collectives.shards import Replica, ShardLayout
+from harness.collectives.shards import ShardLayout
 from harness.control import timeline
-from harness.control.errors import PeerFailed
 from harness.data.bad_samples import Tally
 from harness.data.pipeline import EvaluationBatches
-from harness.resilience.checkpoint import layout, load_checkpoint, rng_state, set_rng_state, to_host
-from harness.resilience.heal import Salvage, Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
+from harness.resilience.checkpoint import load_checkpoint
+from harness.resilience.heal import Ticket, Where
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
-from harness.resilience.shard_heal import Progress, hand_over_shards
 from harness.training.build import (autocast, flat_gradients, load_data, make_batches, make_model, make_optimizer,
                                     make_synchroniser, model_loss, model_output_loss)
 from harness.training.config import TrainConfig
 from harness.training.losses import make_loss
+from harness.training.loop_heal import Healing
+from harness.training.loop_save import Saving
 from harness.training.evaluation import evaluate
 from harness.training.metrics import memory_usage, worker_memory_mb
 from harness.training.optim import load_optimizer_state, set_lr
 from harness.training.profiling import StepProfiler
 from harness.training.scaling import LossScaler
 from harness.training.schedule import is_constant, learning_rate
-from harness.training.sharded_state import gather_state, load_state
 from harness.training.step import make_step
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
@@ -90,8 +90,9 @@ def train_worker(ctx: Any, config: TrainConfig) -> dict:
     return Worker(ctx, config).train()
 
 
-class Worker:
-    """One rank's run: what it built (data, model, optimizer, communicator) and where it stands."""
+class Worker(Saving, Healing):
+    """One rank's run: what it built (data, model, optimizer, communicator) and where it stands; it saves
+    (``Saving``) and heals (``Healing``) with the methods of its two bases."""
 
     def __init__(self, ctx: Any, config: TrainConfig):
         self.ctx, self.config, self.device = ctx, config, ctx.device
@@ -145,7 +146,7 @@ class Worker:
         self.comm = Solo(self.device.type) if self.asynchronous else ctx.communicator()
         timeline.mark(self.marks, "communicator")
         if saved:
-            self._restore(saved)
+            self.restore(saved)
         self.saver = BackgroundSaver()
         ctx.own(self.saver)
         self.total = config.total_updates(self.batches.steps_per_epoch)
@@ -164,35 +165,6 @@ class Worker:
             self.heal(None, self.marks)
         else:
             self.attach(start=True)
-
-    def saved_place(self, saved: dict) -> tuple[int, int, int]:
-        """The (epoch, update, position in the epoch) this rank resumes from: the checkpoint's, or where the
-        rank's own part says it was (--mode async: each worker runs its own number of updates)."""
-        mine = self.saved_ranks[self.rank % len(self.saved_ranks)] if self.saved_ranks else {}
-        return tuple(mine.get("place") or (saved["epoch"], saved["step"], saved.get("position", 0)))
-
-    def _restore(self, saved: dict) -> None:
-        self.model.load_state_dict(saved["model"])
-        if self.shards is not None:
-            load_state(self.optimizer, self.shards, saved["optimizer"], self.model)
-            if self.replica is not None:
-                load_state(self.replica.optimizer, self.replica.layout, saved["optimizer"], self.model)
-        else:
-            load_optimizer_state(self.optimizer, saved["optimizer"])
-        if self.scaler is not None and saved.get("loss_scale"):     # older checkpoints: the initial scale
-            self.scaler.load_state_dict(saved["loss_scale"][self.rank % len(saved["loss_scale"])])
-        if self.state.position:        # mid-epoch: dropout and the like go on from where the generators were
-            set_rng_state(saved["rng"][self.rank], self.device)
-        if self.state.position >= self.batches.steps_per_epoch:
-            raise ValueError(f"--resume {self.config.resume} stopped after batch {self.state.position} of an epoch, "
-                             f"but an epoch has {self.batches.steps_per_epoch} batches now; resume with the data "
-                             "it was trained on")
-
-    def make_replica(self) -> Replica:
-        """The layout of the previous rank's shard and an optimizer over it (ShardedGradients keeps it
-        up to date)."""
-        layout = ShardLayout(self.flat, self.world, (self.rank - 1) % self.world, self.config.bucket_mb, replica=True)
-        return Replica(layout, make_optimizer(self.config, layout.pieces, self.device))
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """This rank's optimizer, and its replica's (--zero, healing in place)."""
@@ -434,161 +406,7 @@ class Worker:
             bool(config.save_every_steps) and s.step % config.save_every_steps == 0
             or ended and bool(config.save_every) and s.epoch % config.save_every == 0)
 
-    def save(self) -> None:
-        """Every rank takes part (the replicas are made consistent, each rank's generators gathered);
-        rank 0 snapshots the state and writes it in the background, and reports when it is on disk."""
-        s, config = self.state, self.config
-        if not config.save or s.diverged or not self.sync.ready_to_save(s.saved_at != s.step):
-            return
-        ticket = self.train_step.ticket
-        if ticket is not None and ticket.applied() != s.step:
-            raise RuntimeError(f"update {s.step} did not complete on every rank")     # a peer died: heal
-        if not self.finite():
-            self.diverge(f"the parameters are not finite at update {s.step}")
-            return
-        if self.asynchronous:       # to the parent, which writes it (harness/resilience/gathered.py): no exchange
-            self.sync.save_part(self.part())
-            s.saved_at = s.step
-            return
-        generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
-        # every rank's (param mode's replicas scale apart; grad mode's alike)
-        scales = self.ctx.exchange(self.ctx.unique_tag("loss-scale"), self.scaler.state_dict()) if self.scaler else None
-        # as an unsharded optimizer's, whatever --zero: any number of workers resumes it
-        optimizer = gather_state(self.optimizer, self.shards, self.comm, self.model) if self.shards is not None \
-            else self.optimizer.state_dict() if self.lead else None
-        local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
-        ranks = None if local is None else self.ctx.exchange(self.ctx.unique_tag("ranks"), self.own_part(local))
-        with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
-            if self.lead:
-                self.write(s.where(), optimizer, generators, scales, ranks)
-        s.saved_at = s.step
-
-    def own_part(self, local: dict) -> dict:
-        """This rank's own part of a checkpoint (``ranks``): its synchroniser's ``local`` state, its optimizer's and
-        its place."""
-        return {**local, "optimizer": to_host(self.optimizer.state_dict()), "place": self.place()}
-
-    def part(self) -> dict:
-        """--mode async: all that this worker adds to a checkpoint, for the parent to write: its own part, its
-        generators and loss scale, and on rank 0 the model (the anchor), where it stands and the config."""
-        part = {**self.own_part(self.sync.state_dict()), "rng": rng_state(self.device),
-                "loss_scale": self.scaler.state_dict() if self.scaler is not None else None}
-        if self.lead:
-            with self.sync.global_weights():
-                part["checkpoint"] = {"model": to_host(self.model.state_dict()), "where": self.state.where(),
-                                      "config": self.config.to_dict()}
-        return part
-
-    def write(self, place: Where, optimizer: dict | None, generators: list, scales: list | None, ranks: list | None,
-              **record: Any) -> None:
-        """The checkpoint of the model as it is now, at ``place``, written to --save in the background; the "saved"
-        record (with ``record``'s fields) goes to the parent once it is on disk."""
-        saved = {"event": "saved", "epoch": place.epoch, "step": place.step, "path": self.config.save, **record}
-        self.saver.save(self.config.save, layout(self.model.state_dict(), optimizer, place, generators, scales, ranks,
-                                                 self.config.to_dict()), done=lambda: self.ctx.send(saved))
-
-    def finite(self, alone: bool = False) -> bool:
-        """Whether every rank's parameters are finite (one all-reduce of a flag; ``alone``: this rank's only):
-        the stop vote sees a diverged loss a few updates late, and a checkpoint must not be written in between."""
-        bad = torch.zeros(1, dtype=torch.int32, device=self.device)
-        for flat in self.flat.params:
-            bad |= ~torch.isfinite(flat).all()
-        if not alone:
-            self.comm.all_reduce(bad, "max")
-        return not bad.item()
-
-    def recover(self, error: RuntimeError) -> None:
-        """A collective failed: if a peer died, rejoin the group's next generation and heal from where the
-        GPU really stands (a ticket's count, which may be behind the CPU's); else re-raise ``error``."""
-        phases = {"failed": time.time()}
-        ticket = self.train_step.ticket
-        # --zero: how far the interrupted update got. The host's flags say so on CPU workers; on GPU ones the
-        # host runs ahead of the device, and the ticket's count is where the optimizers stand.
-        progress = None if self.replica is None else Progress(False, False) if ticket else \
-            Progress(self.sync.ready, self.sync.applied)
-        held = self.sync.kept_through_heal()
-        self.sync.close()
-        try:
-            self.comm = rejoin(self.ctx, self.comm, error, forget=self.train_step.release)
-        except Salvage as salvage:
-            if salvage.saver == self.rank:
-                self.save_alone(self.applied_place(ticket))
-            raise PeerFailed(f"{error}; {salvage}") from None
-        timeline.mark(phases, "rejoined")
-        self.train_step, self.vote = None, None
-        if self.comm is None:
-            raise error
-        where = self.applied_place(ticket)
-        self.heal(where, phases, queued=self.state.step - where.step, progress=progress, held=held)
-
-    def applied_place(self, ticket: Ticket | None) -> Where:
-        """Where this rank stands: its count of updates, or on a GPU worker that heals, the ticket's count of those
-        the device applied (it may be behind the host's)."""
-        where = self.state.where()
-        return rewind(where, ticket.applied(), self.batches.steps_per_epoch) if ticket is not None else where
-
-    def save_alone(self, where: Where) -> None:
-        """A dead rank's host is lost, so no replacement can start: write the run's state as this survivor holds
-        it, after update ``where.step``, with no collective (grad mode without --zero: every replica holds it),
-        for the engine's restart to resume. Each rank's generators are this rank's (a model that draws random
-        numbers resumes with other draws than the uninterrupted run's). Sends "saved", or "not_saved" and why."""
-        config = self.config
-        why = "--save is empty" if not config.save else \
-            f"--mode {config.mode}: each worker holds parameters of its own" if config.mode != "grad" else \
-            "--zero: the dead rank's shards are not all here" if config.zero else \
-            "the parameters are not finite" if not self.finite(alone=True) else None
-        if why:
-            self.ctx.send({"event": "not_saved", "step": where.step, "why": why})
-            return
-        self.write(where, self.optimizer.state_dict(), [rng_state(self.device)] * self.world,
-                   [self.scaler.state_dict()] * self.world if self.scaler else None, None, salvaged=True)
-        self.saver.wait()
-
     def place(self) -> tuple[int, int, int]:
         """Where this rank stands in its data: (epoch, update, position in the epoch)."""
         return self.state.epoch, self.state.step, self.state.position
 
-    def rejoin_server(self) -> None:
-        """--mode async, a dead worker's replacement: join the running server (harness/collectives/server.py), which
-        answers with the anchor and the place of the dead worker's last applied push, and go on from there, with an
-        inner optimizer afresh (the dead one's state is gone; the survivors train on and hand over nothing)."""
-        self.attach(start=True)
-        epoch, step, position = self.sync.predecessor
-        self.state.go_to(Where(epoch, step, position, math.inf, 0), self.batches.steps_per_epoch)
-        self.stream = None
-        self.reseed(self.state.epoch, self.state.step)
-
-    def heal(self, where: Where | None, phases: dict, queued: int | None = None,
-             progress: Progress | None = None, held: dict | None = None) -> None:
-        """This rank's part once the group has a replacement for a dead rank (harness/resilience/heal.py):
-        take the donor's state and place, and go on from there. ``where`` is None on the replacement itself.
-        ``phases``: when this rank reached each phase of the heal; ``queued``: updates it had issued past
-        the last one applied; ``progress``: how far the interrupted update got (--zero); ``held``: what the
-        synchroniser kept through the heal (the outer optimizer's state). The lead reports every rank's."""
-        began = time.monotonic()
-        if self.replica is not None:        # --zero: the dead rank's shard from its replica
-            place, summary = hand_over_shards(self.ctx, self.comm, self.flat, self.shards, self.optimizer, self.replica,
-                                              where, progress)
-            self.finishing = summary["finishing"]
-        elif self.config.outer:             # DiLoCo: back to the anchor of the last sync
-            place, summary, held = hand_over_anchor(self.ctx, self.comm, self.flat, self.optimizer, where, held,
-                                                    nesterov=self.config.outer_optimizer == "nesterov")
-        else:
-            place, summary = hand_over(self.ctx, self.comm, self.flat, self.optimizer, where,
-                                       average=self.config.mode == "param")
-        timeline.mark(phases, "handed_over")
-        if self.scaler is not None:
-            self.scaler.share(self.comm, summary["donor"])
-        self.state.go_to(place, self.batches.steps_per_epoch)
-        self.attach(start=False)
-        if held is not None:
-            self.sync.load_state_dict({"params": self.flat.params, **held, "pending": []})
-        timeline.mark(phases, "attached")
-        self.stream = None
-        self.reseed(self.state.epoch, self.state.step)
-        every = self.ctx.exchange("heal-phases", (phases, queued))
-        if self.lead:
-            self.ctx.send({"event": "healed", "step": self.state.step, "epoch": self.state.epoch,
-                           "generation": self.ctx.generation, "hand_over_s": time.monotonic() - began,
-                           "mode": self.config.mode, "phases": [p for p, _ in every],
-                           "queued": [q for _, q in every], **summary})

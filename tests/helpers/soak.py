@@ -167,7 +167,7 @@ def measure(found: list[dict], signalled: list[tuple[float, str]]) -> dict:
 
 def heal_phases(record: dict, signalled: float) -> dict[str, float]:
     """Seconds from the signal to each phase of a heal, as the slowest rank reached it (the phases
-    of harness/training/loop.py's heal, and the replacement's start-up marks since the signal)."""
+    of harness/training/loop_heal.py's heal, and the replacement's start-up marks since the signal)."""
     latest: dict[str, float] = {}
     for marks in record.get("phases", []):
         for phase, at in marks.items():
