@@ -10,6 +10,7 @@ The same run from Python: harness.training.run(TrainConfig(...)); the flags are 
 """
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
@@ -17,7 +18,7 @@ import sys
 from harness import ChildError, ChildFailed
 from harness.control import timeline
 from harness.launch.agents import NodeLost
-from harness.resilience.interrupt import Interrupted, Interrupts
+from harness.resilience.interrupt import SIGNALS, Interrupted, Interrupts
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.driver import Diverged, run
@@ -66,5 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def finished(status: int) -> int:
+    """The run is over, its work saved and its workers gone: a SIGINT or SIGTERM from here on (the
+    interpreter's shutdown can take a while) ends this process at once with the run's ``status``, not
+    killed by the signal, which would tell a scheduler the work was lost."""
+    def leave(_signum: int, _frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, RuntimeError, ValueError):     # RuntimeError: the signal came inside a write
+                pass
+        os._exit(status)
+    for sig in SIGNALS:
+        signal.signal(sig, leave)
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(finished(main()))
