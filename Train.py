@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, train; the exit status: 0, 2 for bad input, 1 when training failed or diverged, 128 + the
-    signal's number when SIGINT or SIGTERM stopped the run at an update (saved; --resume continues), and
+    signal's number when SIGINT or SIGTERM stopped the run at an update (saved; --resume continues; 0 where the
+    run trained its whole length all the same), and
     200 (RETRY_EXIT) when workers died past --max-restarts under a cluster engine, which may then restart
     the job: it resumes from its checkpoint. Under an engine that started it on several nodes, every node
     but node 0 serves node 0 as its node agent and exits with node 0's status."""

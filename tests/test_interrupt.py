@@ -90,3 +90,19 @@ def test_a_signal_after_the_run_has_finished_exits_with_the_runs_status():
                 "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60); os._exit(99)")
         done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (status, "finished"), done.stderr
+
+
+def test_a_signal_in_the_last_round_of_an_async_run_that_spends_its_budget_all_the_same_ends_it_finished(tmp_path):
+    """--mode async: a SIGTERM (to the group, from rank 0's model at its update 6 of 8) reaches the server with the
+    last round's pushes, which spend the run's budget anyway. The checkpoint holds the whole run, so Train.py exits 0
+    and says so; it used to say "stopped, continue with --resume" (143), and that resume found nothing to train."""
+    save = tmp_path / "model.pt"
+    flags = ["--mode", "async", "--max-staleness", "0", "--avg-every", "4", "--max-steps", "8", "--cpu-workers", "2",
+             "--model", SLOW_MODEL, "--model-options", '{"delay": 0.05, "term_at": 6}', "--batch-size", "8",
+             "--save", str(save), "--log-dir", str(tmp_path / "logs")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "Train.py"), *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=240, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    assert "SIGTERM came as the run ended: it trained its 16 updates by 2 workers together" in done.stdout
+    assert sum(load_checkpoint(save)["ranks"][0]["server"]["updates"]) == 16

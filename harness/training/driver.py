@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -23,7 +24,7 @@ from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery
-from harness.training.checks import check_flags, check_inputs, check_outputs, plan_workers
+from harness.training.checks import check_flags, check_inputs, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.training.nodes import nodes
@@ -156,7 +157,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery, steps_per_epoch)
 
     try:
-        results = recovery.run(attempt)
+        results = ended_anyway(config, recovery.run(attempt))
         log.write({"time": time.time(), "event": "startup", "parent": marks,
                    "workers": [r["marks"] for r in results]})
     finally:
@@ -171,6 +172,20 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
                        + (f"the last good checkpoint is {good}" if good else "no checkpoint was saved")
                        + "; lower --lr, or add --clip-grad or --warmup-steps")
     return results
+
+
+def ended_anyway(config: TrainConfig, results: list[dict]) -> list[dict]:
+    """A signal that stopped the run at its last updates stopped nothing: the checkpoint holds the whole run, and a
+    --resume would find nothing left to train. Such a run is finished (Train.py exits 0), not stopped."""
+    signum = results[0]["interrupted"]
+    if not signum or not config.save or not os.path.exists(config.save):
+        return results
+    from harness.resilience.checkpoint import load_checkpoint      # torch: the parent imports it late
+    done, total, every = trained(config, load_checkpoint(config.save))
+    if done < total:
+        return results
+    print(f"{signal.Signals(signum).name} came as the run ended: it trained its {total} updates{every}")
+    return [{**result, "interrupted": None} for result in results]
 
 
 def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Interrupts | None,

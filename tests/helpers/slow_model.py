@@ -4,6 +4,7 @@ tests of signals, restarts and healing, and the heal soak. Train.py takes it as 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -20,21 +21,26 @@ HANG_FLAGS = ["--heartbeat-timeout", "3"]
 
 
 class Slow(torch.nn.Linear):
-    """``ballast``: that many floats of an unused buffer, which make its checkpoints slow to write."""
+    """``ballast``: that many floats of an unused buffer, which make its checkpoints slow to write; ``term_at``:
+    at that training forward, SIGTERM to this process's group (Train.py and its workers, as Ctrl-C does)."""
 
-    def __init__(self, inputs: int, outputs: int, delay: float, ballast: int = 0):
+    def __init__(self, inputs: int, outputs: int, delay: float, ballast: int = 0, term_at: int | None = None):
         super().__init__(inputs, outputs)
-        self.delay = delay
+        self.delay, self.term_at, self.forwards = delay, term_at, 0
         if ballast:
             self.register_buffer("ballast", torch.zeros(ballast))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.delay)
+        self.forwards += self.training
+        if self.training and self.forwards == self.term_at:
+            os.killpg(0, signal.SIGTERM)
         return super().forward(x.flatten(1))
 
 
-def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None) -> Slow:
-    """``rank``: only that worker is slow (a host of unequal speed, for --mode async); the others take no delay."""
+def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, term_at: int | None = None) -> Slow:
+    """``rank``: only that worker is slow (a host of unequal speed, for --mode async); the others take no delay.
+    ``term_at``: rank 0 sends the SIGTERM (see Slow)."""
     mine = os.environ.get("HARNESS_RANK")
     slow = rank is None or mine is not None and int(mine) == rank
-    return Slow(64, info.num_classes, delay if slow else 0.0, ballast)
+    return Slow(64, info.num_classes, delay if slow else 0.0, ballast, term_at if mine == "0" else None)
