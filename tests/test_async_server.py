@@ -635,7 +635,7 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
     """Every worker stops after its grant (K each at S = 0), parks, and rank 0 saves the server's anchor,
     momentum, version and budget spent with every rank's own state (int8: the rounding error each worker
     carries into its next push too)."""
-    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "200", "--outer-dtype", dtype]
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "600", "--outer-dtype", dtype]
     step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
     saved = load_checkpoint(checkpoint)
     assert step % 8 == 0 and saved["ranks"][0]["server"]["version"] == step // 8

@@ -65,6 +65,22 @@ def test_restarts_exhausted_end_the_run_with_one_clear_error(tmp_path):
     assert left == []
 
 
+def test_a_worker_that_dies_during_a_stop_ends_the_run_stopped_at_its_last_checkpoint_not_restarted(tmp_path):
+    """SIGTERM, then a worker killed before the stop is saved: a new group would only be stopped again (or die of
+    the signal forwarded to it before its handlers are in), so the run ends as stopped (143), with no restart."""
+    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heal", "off")
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
+    victim = workers_of(process)[1]
+    os.kill(process.pid, signal.SIGTERM)
+    os.kill(victim, signal.SIGKILL)
+    status, err, left, _ = finish(process, tmp_path)
+
+    assert status == 128 + signal.SIGTERM, err
+    assert f"during the stop; the last checkpoint: {tmp_path / 'model.pt'}" in err
+    assert "restart" not in [r["event"] for r in read_metrics(tmp_path / "logs" / "metrics.jsonl")]
+    assert left == [] and left_in_tmp(tmp_path) == []
+
+
 def test_background_saves_snapshot_the_state_and_never_overlap(tmp_path):
     saver, done = BackgroundSaver(), []
     weights = torch.zeros(1000)

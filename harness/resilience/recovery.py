@@ -17,7 +17,9 @@
   (``ChildFailed``, the group stopped), calls it again with ``resume`` the last checkpoint this run
   wrote. A resume is exact (harness/training/loop.py), so what is lost is the
   updates since that checkpoint: save often (``--save-every-steps``; harness/resilience/saver.py writes in the
-  background) and little is.
+  background) and little is. Not once the run has been asked to stop (SIGINT, SIGTERM): a new group would only be
+  stopped again, or die of the signal forwarded before its handlers are in, so the failure ends the run as a stop
+  (``Interrupted``) at the last checkpoint.
 
 Only deaths and hangs are survived. An exception in the training code (``ChildError``) would
 most likely be raised again by the same code on the same data, so it ends the run at once.
@@ -28,6 +30,7 @@ import time
 from typing import Callable, TypeVar
 
 from harness.control.errors import HostLost
+from harness.resilience.interrupt import Interrupted
 from harness.parent import ChildFailed, Children
 
 T = TypeVar("T")
@@ -48,25 +51,33 @@ class Recovery:
         heals_in_place: a failure is healed in place while the budget lasts (else the group restarts).
         resume: the checkpoint the run started from, if any (where a restart goes before any save).
         last_saved: returns the last checkpoint the run wrote, if any.
-        report: where restart records go (the metrics log)."""
+        report: where restart records go (the metrics log).
+        stopping: returns the signal that asked the run to stop, if one did (then a failure is not restarted)."""
 
     def __init__(self, limit: int, heals_in_place: bool, resume: str | None,
-                 last_saved: Callable[[], str | None], report: Callable[[dict], None]):
+                 last_saved: Callable[[], str | None], report: Callable[[dict], None],
+                 stopping: Callable[[], int | None] = lambda: None):
         self.limit, self.heals_in_place = limit, heals_in_place
         self.used = 0
-        self._resume, self._last_saved, self._report = resume, last_saved, report
+        self._resume, self._last_saved, self._report, self._stopping = resume, last_saved, report, stopping
         self._healing: tuple[ChildFailed, float] | None = None     # the failure being healed, and when
         self._unhealed: str | None = None       # why the last failure was not healed in place
 
     def run(self, attempt: Callable[[str | None], T]) -> T:
         """``attempt(resume)``, restarted from the last checkpoint (or the run's own starting point, when
-        it has saved nothing yet) after each ``ChildFailed`` while the budget lasts."""
+        it has saved nothing yet) after each ``ChildFailed`` while the budget lasts, unless the run was asked to
+        stop (then ``Interrupted``)."""
         resume = self._resume
         while True:
             try:
                 return attempt(resume)
             except ChildFailed as failure:
                 self._healing = None
+                signum = self._stopping()
+                if signum:
+                    last = self._last_saved() or self._resume
+                    raise Interrupted(signum, f"rank {failure.rank} {failure.reason} during the stop; the last "
+                                              f"checkpoint: {last or 'none'}") from failure
                 if self.used == self.limit:
                     if self.limit:
                         raise GaveUp(failure, self.limit) from failure

@@ -144,7 +144,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
         log.write({"time": time.time(), **start.record()})
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
-                        progress.handle)
+                        progress.handle, stopping=lambda: interrupts.signum if interrupts is not None else None)
     first = iter([started] if started is not None else [])    # a failed group is stopped for good
 
     def attempt(resume: str | None) -> list[dict]:
