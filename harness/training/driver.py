@@ -157,7 +157,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery, steps_per_epoch)
 
     try:
-        results = ended_anyway(config, recovery.run(attempt))
+        results = ended_anyway(config, recovery.run(attempt), progress.saved)
         log.write({"time": time.time(), "event": "startup", "parent": marks,
                    "workers": [r["marks"] for r in results]})
     finally:
@@ -174,14 +174,15 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     return results
 
 
-def ended_anyway(config: TrainConfig, results: list[dict]) -> list[dict]:
-    """A signal that stopped the run at its last updates stopped nothing: the checkpoint holds the whole run, and a
-    --resume would find nothing left to train. Such a run is finished (Train.py exits 0), not stopped."""
+def ended_anyway(config: TrainConfig, results: list[dict], saved: str | None) -> list[dict]:
+    """A signal that stopped the run at its last updates stopped nothing: the checkpoint this run wrote last
+    (``saved``; not a file an earlier run left at --save) holds the whole run, and a --resume would find nothing
+    left to train. Such a run is finished (Train.py exits 0), not stopped."""
     signum = results[0]["interrupted"]
-    if not signum or not config.save or not os.path.exists(config.save):
+    if not signum or saved is None:
         return results
     from harness.resilience.checkpoint import load_checkpoint      # torch: the parent imports it late
-    done, total, every = trained(config, load_checkpoint(config.save))
+    done, total, every = trained(config, load_checkpoint(saved))
     if done < total:
         return results
     print(f"{signal.Signals(signum).name} came as the run ended: it trained its {total} updates{every}")
