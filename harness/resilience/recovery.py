@@ -30,8 +30,8 @@ import time
 from typing import Callable, TypeVar
 
 from harness.control.errors import HostLost
-from harness.resilience.interrupt import Interrupted
 from harness.parent import ChildFailed, Children
+from harness.resilience.interrupt import Interrupted
 
 T = TypeVar("T")
 

@@ -349,9 +349,8 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
                           "checkpoint)" + (" (it stopped mid-epoch)" if saved.get("position") else ""))
     done, total, every = trained(config, saved)
     if done >= total:
-        steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
         length = f"--max-steps {config.max_steps}" if config.max_steps else \
-            f"--epochs {config.epochs} of {steps_per_epoch} updates"
+            f"--epochs {config.epochs} of {config.steps_per_epoch()} updates"
         raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
                           f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
                           f"--epochs or --max-steps to train more")
@@ -361,8 +360,7 @@ def trained(config: TrainConfig, saved: dict) -> tuple[int, int, str]:
     """(the updates checkpoint ``saved`` has trained, the updates a checked ``config`` trains in all, and how they
     count: "", or in async mode " by N workers together", where the budget is every worker's together and a fast
     worker runs more than its share)."""
-    steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
-    total = config.total_updates(steps_per_epoch)
+    total = config.total_updates(config.steps_per_epoch())
     served = (saved.get("ranks") or [{}])[0].get("server") if config.mode == "async" else None
     if served:
         return sum(served["updates"]), total * config.workers, f" by {config.workers} workers together"

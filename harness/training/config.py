@@ -117,6 +117,10 @@ class TrainConfig:
         return self.mode == "async" or self.mode == "param" and (self.outer_optimizer != "average" or self.fragments > 1 or self.outer_delay > 0
                                          or self.outer_dtype != "fp32" or self.outer_lr not in (None, 1.0))
 
+    def steps_per_epoch(self) -> int:
+        """Each worker's updates an epoch, as the checks count them (``samples`` filled in: a checked config)."""
+        return self.samples // self.workers // (self.batch_size * self.grad_accum)
+
     def total_updates(self, steps_per_epoch: int) -> int:
         """The run's updates (each worker's; --mode async: the budget per worker): --max-steps, else --epochs' worth."""
         return self.max_steps or self.epochs * steps_per_epoch

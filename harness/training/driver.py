@@ -136,7 +136,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
     checks done)."""
     marks = marks if marks is not None else timeline.start("checked")
-    steps_per_epoch = config.samples // config.workers // (config.batch_size * config.grad_accum)
+    steps_per_epoch = config.steps_per_epoch()
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
     start = launcher.cluster if launcher else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
