@@ -15,6 +15,7 @@ import torch
 
 from harness import Parent
 from harness.resilience.checkpoint import load_checkpoint
+from tests.helpers import ROOT
 from tests.helpers.runs import finish, interrupt, interrupted, left_in_tmp, start_train, wait_for_stderr
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
 from tests.helpers.training import flat_params, run_train
@@ -84,11 +85,10 @@ def test_a_signal_to_one_worker_stops_every_worker_at_the_same_update():
 def test_a_signal_after_the_run_has_finished_exits_with_the_runs_status():
     """Once the run is over (saved, workers gone), a SIGTERM during the interpreter's shutdown does not kill
     Train.py (which would exit -15, as if the work were lost): it exits at once with the run's status."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for status in (0, 1):
         code = (f"import os, signal, time, Train; Train.finished({status}); print('finished', flush=True); "
                 "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60); os._exit(99)")
-        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (status, "finished"), done.stderr
 
 
@@ -100,8 +100,7 @@ def test_a_signal_in_the_last_round_of_an_async_run_that_spends_its_budget_all_t
     flags = ["--mode", "async", "--max-staleness", "0", "--avg-every", "4", "--max-steps", "8", "--cpu-workers", "2",
              "--model", SLOW_MODEL, "--model-options", '{"delay": 0.05, "term_at": 6}', "--batch-size", "8",
              "--save", str(save), "--log-dir", str(tmp_path / "logs")]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, os.path.join(root, "Train.py"), *flags], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, str(ROOT / "Train.py"), *flags], cwd=tmp_path, capture_output=True,
                           text=True, timeout=240, start_new_session=True)
     assert done.returncode == 0, done.stderr
     assert "SIGTERM came as the run ended: it trained its 16 updates by 2 workers together" in done.stdout
