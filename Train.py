@@ -10,7 +10,6 @@ The same run from Python: harness.training.run(TrainConfig(...)); the flags are 
 """
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
@@ -18,7 +17,7 @@ import sys
 from harness import ChildError, ChildFailed
 from harness.control import timeline
 from harness.launch.agents import NodeLost
-from harness.resilience.interrupt import SIGNALS, Interrupted, Interrupts
+from harness.resilience.interrupt import Interrupted, Interrupts, finished
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.driver import Diverged, run
@@ -66,22 +65,6 @@ def main(argv: list[str] | None = None) -> int:
               f"update {results[0]['step']}; {saved}", file=sys.stderr)
         return 128 + signum
     return 0
-
-
-def finished(status: int) -> int:
-    """The run is over, its work saved and its workers gone: a SIGINT or SIGTERM from here on (the
-    interpreter's shutdown can take a while) ends this process at once with the run's ``status``, not
-    killed by the signal, which would tell a scheduler the work was lost."""
-    def leave(_signum: int, _frame: object) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, RuntimeError, ValueError):     # RuntimeError: the signal came inside a write
-                pass
-        os._exit(status)
-    for sig in SIGNALS:
-        signal.signal(sig, leave)
-    return status
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def test_a_signal_after_the_run_has_finished_exits_with_the_runs_status():
     """Once the run is over (saved, workers gone), a SIGTERM during the interpreter's shutdown does not kill
     Train.py (which would exit -15, as if the work were lost): it exits at once with the run's status."""
     for status in (0, 1):
-        code = (f"import os, signal, time, Train; Train.finished({status}); print('finished', flush=True); "
+        code = (f"import os, signal, time; from harness.resilience.interrupt import finished; finished({status}); print('finished', flush=True); "
                 "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60); os._exit(99)")
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (status, "finished"), done.stderr

@@ -12,6 +12,9 @@ process group, ``kill`` or a scheduler's preemption notice often only to the par
   flag, and reads the vote cast ``EVERY`` updates earlier. Every rank reads the same vote at the
   same step, and by then it has long been computed: on a GPU reading it waits for nothing.
 
+Once the run is over, ``finished`` makes a late signal exit with the run's status rather than kill the
+parent (Train.py's last step).
+
 Only StopVote needs torch, and imports it itself: the parent of Train.py must not wait for torch
 before it starts its workers.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,6 +74,22 @@ class Interrupts:
     def __exit__(self, *exc: Any) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+
+
+def finished(status: int) -> int:
+    """The run is over, its work saved and its workers gone: a SIGINT or SIGTERM from here on (the
+    interpreter's shutdown can take a while) ends this process at once with the run's ``status``, not
+    killed by the signal, which would tell a scheduler the work was lost."""
+    def leave(_signum: int, _frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, RuntimeError, ValueError):     # RuntimeError: the signal came inside a write
+                pass
+        os._exit(status)
+    for sig in SIGNALS:
+        signal.signal(sig, leave)
+    return status
 
 
 class StopVote:
