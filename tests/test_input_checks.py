@@ -3,6 +3,7 @@ the fix: a model and a dataset that do not fit each other (one real batch goes t
 the loss in the parent), numbers that make no sense, and the papercuts a newcomer meets first."""
 from __future__ import annotations
 
+import sys
 
 import pytest
 
@@ -65,6 +66,25 @@ def test_a_model_that_returns_a_tuple_without_a_loss_is_refused_naming_what_it_r
     monkeypatch.syspath_prepend(str(tmp_path))
     line = train_error("--model", "tuple_model:make", monkeypatch=monkeypatch, capsys=capsys)
     assert "--model tuple_model:make does not fit --dataset digits: it returns a tuple, not a tensor of logits" in line
+
+
+@pytest.mark.parametrize("limit, devices", [(10**6, {"meta", "cpu"}), (10, {"meta"})])
+def test_the_parent_runs_a_batch_through_real_weights_only_for_a_model_under_the_limit(limit, devices, tmp_path,
+                                                                                       monkeypatch):
+    """A model of more than fit.REAL_LIMIT parameters is checked on the meta device only: building GPT-2 on the
+    parent's CPU held the workers' first step back by seconds."""
+    (tmp_path / "probe_model.py").write_text(
+        "import torch\n"
+        "BUILT = []\n"
+        "def make(info):\n"
+        "    BUILT.append(torch.empty(0).device.type)\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, info.num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "probe_model", raising=False)
+    monkeypatch.setattr("harness.training.fit.REAL_LIMIT", limit)
+    check(TrainConfig(model="probe_model:make", batch_size=2, save=None))
+    import probe_model
+    assert set(probe_model.BUILT) == devices
 
 
 @pytest.mark.parametrize("flags, message", [

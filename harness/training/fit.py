@@ -3,9 +3,10 @@ training samples through the model and the loss, on the CPU.
 
 A model built for other data fails only once it meets a batch (a token model fed images, an MLP fed
 token ids: "mat1 and mat2 must have the same dtype"), and in every worker, in a traceback. Here the
-same failure is one line naming both flags. A model too large to build twice on the parent's CPU
-is run on the meta device instead (shapes and dtypes only: what depends on the values, such as a
-token id beyond the vocabulary, is then left to the workers).
+same failure is one line naming both flags. A model of more than REAL_LIMIT parameters is run on the
+meta device instead (shapes and dtypes only: what depends on the values, such as a token id beyond the
+vocabulary, is then left to the workers): on the CPU, building GPT-2 124M and running two samples took
+the parent 6.8 s of the 2-core machine, and on the GPU host it held the workers' first step back as long.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from harness.data.batch import Batch, call_model, is_pair, tree_map
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.losses import make_loss
 
-REAL_LIMIT = 200_000_000        # parameters: above this the batch runs on the meta device
+REAL_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device
 SAMPLES = 2
 
 

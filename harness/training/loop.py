@@ -48,12 +48,15 @@ from harness.training.losses import make_loss
 from harness.training.loop_heal import Healing
 from harness.training.loop_save import Saving
 from harness.training.evaluation import evaluate
+from harness.training.imports import import_meanwhile
 from harness.training.metrics import memory_usage, worker_memory_mb
 from harness.training.optim import load_optimizer_state, set_lr
 from harness.training.profiling import StepProfiler
 from harness.training.scaling import LossScaler
 from harness.training.schedule import is_constant, learning_rate
 from harness.training.step import make_step
+
+COMPILER_MODULES = ("torch._inductor.compile_fx",)     # what torch.compile's first call imports, nearly all of it
 
 REPORT_EVERY_S = 0.5        # rank 0 sends a progress record at most this often
 MEMORY_EVERY_S = 5.0        # and measures its memory (worker and loader processes) at most this often
@@ -124,6 +127,9 @@ class Worker(Saving, Healing):
         if self.evaluation is not None:
             ctx.own(self.evaluation)
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
+        # --compile: torch.compile's first call imports Inductor (4 s of a GPU worker's start on the GPU host):
+        # in a thread, while the model is built on the CPU (after the loaders forked: imports.py says why)
+        compiler = import_meanwhile(COMPILER_MODULES, "import-inductor") if config.compile else None
         self.model = make_model(config, self.data.info, self.device)
         self.flat = FlatParameters(self.model, flatten_grads=flat_gradients(config, self.world))
         # --zero: this rank's optimizer updates its shards of the flat parameters (harness/collectives/shards.py)
@@ -137,6 +143,8 @@ class Worker(Saving, Healing):
         # the gradient hooks stay on the parameters, outside the compiled graph; validation compiles its own.
         loss = make_loss(config.loss)
         compute, forward = model_loss(self.model, loss), model_output_loss(self.model, loss)
+        if compiler is not None:
+            compiler.join()
         self.compute, self.forward = (torch.compile(compute), torch.compile(forward)) if config.compile else \
             (compute, forward)
         timeline.mark(self.marks, "model")

@@ -1,10 +1,11 @@
 """Training metrics as a JSON-lines log, and a plot of it."""
 
-import importlib
 import json
 import os
 import pathlib
 import threading
+
+from harness.training.imports import import_meanwhile
 
 SCALAR_SKIP = ("time", "step", "epoch")      # the x axis and bookkeeping, not curves
 PLOT_MODULES = ("matplotlib.backends.backend_agg", "matplotlib.figure", "matplotlib.ticker")
@@ -65,12 +66,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 def import_plotting_meanwhile() -> threading.Thread:
     """Start importing what plot_metrics needs (most of its second) in a thread, for a parent that
-    would otherwise only wait for its workers. Not a daemon: an exit waits for the import to end
-    rather than tearing the interpreter down under it."""
-    thread = threading.Thread(target=lambda: [importlib.import_module(m) for m in PLOT_MODULES],
-                              name="import-matplotlib")
-    thread.start()
-    return thread
+    would otherwise only wait for its workers."""
+    return import_meanwhile(PLOT_MODULES, "import-matplotlib")
 
 
 def plot_metrics(records: list[dict], png_path: str | os.PathLike) -> pathlib.Path | None:
