@@ -127,26 +127,7 @@ class Worker(Saving, Healing):
         if self.evaluation is not None:
             ctx.own(self.evaluation)
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
-        # --compile: torch.compile's first call imports Inductor (4 s of a GPU worker's start on the GPU host):
-        # in a thread, while the model is built on the CPU (after the loaders forked: imports.py says why)
-        compiler = import_meanwhile(COMPILER_MODULES, "import-inductor") if config.compile else None
-        self.model = make_model(config, self.data.info, self.device)
-        self.flat = FlatParameters(self.model, flatten_grads=flat_gradients(config, self.world))
-        # --zero: this rank's optimizer updates its shards of the flat parameters (harness/collectives/shards.py)
-        self.shards = ShardLayout(self.flat, self.world, self.rank, config.bucket_mb) if config.zero else None
-        self.optimizer = make_optimizer(config, self.shards.pieces if self.shards else self.model.parameters(),
-                                        self.device)
-        # healing in place: a copy of the previous rank's shard, kept here (harness/resilience/shard_heal.py)
-        self.replica = self.make_replica() if self.shards is not None and config.heal_in_place else None
-        self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
-        # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
-        # the gradient hooks stay on the parameters, outside the compiled graph; validation compiles its own.
-        loss = make_loss(config.loss)
-        compute, forward = model_loss(self.model, loss), model_output_loss(self.model, loss)
-        if compiler is not None:
-            compiler.join()
-        self.compute, self.forward = (torch.compile(compute), torch.compile(forward)) if config.compile else \
-            (compute, forward)
+        self.build_model(config)
         timeline.mark(self.marks, "model")
         # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
         if self.replica is not None and self.device.type == "cuda":
@@ -173,6 +154,30 @@ class Worker(Saving, Healing):
             self.heal(None, self.marks)
         else:
             self.attach(start=True)
+
+    def build_model(self, config: TrainConfig) -> None:
+        """The model, its flat buffers, the optimizer (of this rank's shards, with --zero) and what the step
+        calls: the model and the loss, compiled under --compile."""
+        # --compile: torch.compile's first call imports Inductor (4 s of a GPU worker's start on the GPU host):
+        # in a thread, while the model is built on the CPU (after the loaders forked: imports.py says why)
+        compiler = import_meanwhile(COMPILER_MODULES, "import-inductor") if config.compile else None
+        self.model = make_model(config, self.data.info, self.device)
+        self.flat = FlatParameters(self.model, flatten_grads=flat_gradients(config, self.world))
+        # --zero: this rank's optimizer updates its shards of the flat parameters (harness/collectives/shards.py)
+        self.shards = ShardLayout(self.flat, self.world, self.rank, config.bucket_mb) if config.zero else None
+        self.optimizer = make_optimizer(config, self.shards.pieces if self.shards else self.model.parameters(),
+                                        self.device)
+        # healing in place: a copy of the previous rank's shard, kept here (harness/resilience/shard_heal.py)
+        self.replica = self.make_replica() if self.shards is not None and config.heal_in_place else None
+        self.scaler = LossScaler(self.device) if config.amp == "fp16" else None     # kept through heals
+        # compile: the training step runs the compiled model and loss. It is compiled over the flat views, and
+        # the gradient hooks stay on the parameters, outside the compiled graph; validation compiles its own.
+        loss = make_loss(config.loss)
+        compute, forward = model_loss(self.model, loss), model_output_loss(self.model, loss)
+        if compiler is not None:
+            compiler.join()
+        self.compute, self.forward = (torch.compile(compute), torch.compile(forward)) if config.compile else \
+            (compute, forward)
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """This rank's optimizer, and its replica's (--zero, healing in place)."""
