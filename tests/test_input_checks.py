@@ -87,6 +87,24 @@ def test_the_parent_runs_a_batch_through_real_weights_only_for_a_model_under_the
     assert set(probe_model.BUILT) == devices
 
 
+@pytest.mark.parametrize("limit", [10**6, 10], ids=["real weights", "meta device"])
+def test_a_model_with_fewer_classes_than_the_data_is_refused_in_one_line_on_real_weights_or_meta(limit, tmp_path,
+                                                                                               monkeypatch):
+    """Cross-entropy refuses a target beyond the logits on real weights; on the meta device, which reads no
+    value, fit.check_targets refuses it alike."""
+    (tmp_path / "five_classes.py").write_text(
+        "import torch\n"
+        "def make(info):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 5))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("harness.training.fit.REAL_LIMIT", limit)
+    with pytest.raises(ConfigError) as refused:
+        check(TrainConfig(model="five_classes:make", batch_size=2, save=None))
+    line = str(refused.value)
+    assert len(line.splitlines()) == 1 and "--model five_classes:make does not fit --dataset digits" in line
+    assert "Target 9 is out of bounds" in line
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--lr", "inf"], "--lr must be positive and finite, got inf"),
     (["--lr", "nan"], "--lr must be positive and finite, got nan"),
