@@ -105,6 +105,22 @@ def test_a_model_with_fewer_classes_than_the_data_is_refused_in_one_line_on_real
     assert "Target 9 is out of bounds" in line
 
 
+@pytest.mark.parametrize("limit", [10**6, 10], ids=["real weights", "meta device"])
+def test_a_model_that_returns_its_own_loss_is_not_held_to_its_logits_classes(limit, tmp_path, monkeypatch):
+    """Its loss is its own, not cross-entropy against the pair's targets: 5 outputs on 10-class data pass."""
+    (tmp_path / "own_loss.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        out = super().forward(x.flatten(1))\n"
+        "        return out, out.square().mean()\n"
+        "def make(info):\n"
+        "    return M(64, 5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("harness.training.fit.REAL_LIMIT", limit)
+    check(TrainConfig(model="own_loss:make", batch_size=2, save=None))
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--lr", "inf"], "--lr must be positive and finite, got inf"),
     (["--lr", "nan"], "--lr must be positive and finite, got nan"),
