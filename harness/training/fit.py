@@ -1,24 +1,33 @@
-"""Model and data checked together, in the parent, before any worker trains: one real batch of two
-training samples through the model and the loss, on the CPU.
+"""Model and data checked together, in the parent, before any worker trains: one batch of two training
+samples through the model and the loss.
 
 A model built for other data fails only once it meets a batch (a token model fed images, an MLP fed
 token ids: "mat1 and mat2 must have the same dtype"), and in every worker, in a traceback. Here the
-same failure is one line naming both flags. A model of more than REAL_LIMIT parameters is run on the
-meta device instead: on the CPU, building GPT-2 124M and running two samples took the parent 6.8 s of
-the 2-core machine, and on the GPU host it held the workers' first step back as long. The meta device
-checks shapes and dtypes and reads no value; of what depends on values, targets beyond the model's
-classes or vocabulary are checked apart (``check_targets``), the rest (an input token id beyond the
-embedding) is left to the workers.
+same failure is one line naming both flags.
+
+Where the batch runs: a model of at most FAST_LIMIT parameters on real weights on the CPU. A larger one
+on the meta device first, which allocates nothing and reads no value: building GPT-2 124M on the CPU and
+running two samples took the parent 6.8 s of the 2-core machine, and held the workers' first step back by
+4.7-6.5 s on the GPU host. A model that passes there has passed; a failure there may be the meta device's
+own (``.item()``, a CPU tensor kept by the model, an operation without a meta kernel: Hugging Face's
+GPT-2 and Llama fail so), so it is refused only once real weights on the CPU fail too. A model of more
+than REAL_LIMIT parameters is never built on the parent's CPU: a failure on the meta device is then left
+to the workers to report. Of what depends on values, targets beyond the model's classes or vocabulary
+are checked apart on the meta device (``targets_beyond``); an input token id beyond the embedding is left
+to the workers.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from harness.data.batch import Batch, call_model, is_pair, tree_map
 from harness.training.config import ConfigError, TrainConfig
-from harness.training.losses import logits_of, make_loss, own_loss
+from harness.training.losses import make_loss, own_loss
 
-REAL_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device
+FAST_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device first
+REAL_LIMIT = 200_000_000        # parameters: above this it never runs on real weights in the parent
 SAMPLES = 2
 
 
@@ -32,9 +41,24 @@ def check_fit(config: TrainConfig) -> None:
     batch = next(evaluation_batches(data.train, 0, 1, SAMPLES, torch.device("cpu")))
     with torch.device("meta"):
         model = make_model(config, data.info, torch.device("meta"))
-    device = torch.device("cpu") if sum(p.numel() for p in model.parameters()) <= REAL_LIMIT else torch.device("meta")
-    if device.type == "cpu":
-        model = make_model(config, data.info, device)
+    size = sum(p.numel() for p in model.parameters())
+    if size > FAST_LIMIT:
+        output, problem = run_batch(config, model, batch, torch.device("meta"))
+        if problem is None:
+            problem = targets_beyond(output, batch) if config.loss is None and own_loss(output) is None else None
+            if problem is not None:
+                raise refusal(config, data.info.kind, batch, problem)
+            return
+        if size > REAL_LIMIT:
+            return
+    _, problem = run_batch(config, make_model(config, data.info, torch.device("cpu")), batch, torch.device("cpu"))
+    if problem is not None:
+        raise refusal(config, data.info.kind, batch, problem)
+
+
+def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, str | None]:
+    """(the model's output, None) where ``batch`` went through ``model`` and the loss on ``device`` (or met an
+    operation without a meta kernel: nothing can be said then), else (None, the first line of what it raised)."""
     moved = tree_map(lambda t: t.to(device), batch)
     try:
         with torch.no_grad():
@@ -42,28 +66,29 @@ def check_fit(config: TrainConfig) -> None:
             loss = make_loss(config.loss)(output, moved)
         if not torch.is_tensor(loss) or loss.dim() != 0:
             raise TypeError(f"the loss is a {type(loss).__name__} of shape {getattr(loss, 'shape', '?')}, not a scalar")
-        if device.type == "meta" and config.loss is None and own_loss(output) is None:     # cross-entropy's
-            check_targets(logits_of(output), batch)
-    except NotImplementedError:         # an operation without a meta kernel: nothing can be said here
-        return
+    except NotImplementedError:
+        return None, None
     except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as e:
-        raise ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: "
-                          f"{str(e).strip().splitlines()[0]} (a batch of {_describe(batch)}); "
-                          f"pick a model made for {data.info.kind} data, or fix --model-options/--dataset-options "
-                          "to match") from None
+        return None, str(e).strip().splitlines()[0]
+    return output, None
 
 
-def check_targets(logits: torch.Tensor | None, batch: Batch) -> None:
-    """What cross-entropy on real weights would have refused, where the batch ran on the meta device, which
-    looks at no value: a pair's class (or next-token) targets beyond the logits' last dimension, a model
-    built for fewer classes or a smaller vocabulary than the data's. Raises IndexError as cross-entropy does."""
+def targets_beyond(logits: Any, batch: Batch) -> str | None:
+    """What cross-entropy on real weights says where a pair's integer targets reach ``logits.shape[-1]`` (a
+    model built for fewer classes or a smaller vocabulary), for a batch that went through on the meta device."""
     targets = batch[1] if is_pair(batch) else None
-    if logits is None or logits.dim() < 2 or not torch.is_tensor(targets) or targets.is_floating_point() \
+    if not torch.is_tensor(logits) or not torch.is_tensor(targets) or targets.is_floating_point() \
             or targets.numel() == 0:
-        return
+        return None
     top = int(targets.max())
-    if top >= logits.shape[-1]:
-        raise IndexError(f"Target {top} is out of bounds: the model's output has {logits.shape[-1]} classes")
+    return f"Target {top} is out of bounds: the model's output has {logits.shape[-1]} classes" \
+        if top >= logits.shape[-1] else None
+
+
+def refusal(config: TrainConfig, kind: str, batch: Batch, problem: str) -> ConfigError:
+    return ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: {problem} (a batch of "
+                       f"{_describe(batch)}); pick a model made for {kind} data, or fix --model-options/"
+                       "--dataset-options to match")
 
 
 def _describe(batch: Batch) -> str:

@@ -127,7 +127,7 @@ class Worker(Saving, Healing):
         if self.evaluation is not None:
             ctx.own(self.evaluation)
         self.finishing = False      # the next epoch() first finishes an update a --zero heal left uncounted
-        self.build_model(config)
+        self.build_training_parts(config)
         timeline.mark(self.marks, "model")
         # --mode async: workers share no collective (harness/collectives/async_worker.py), the server decides
         if self.replica is not None and self.device.type == "cuda":
@@ -155,7 +155,7 @@ class Worker(Saving, Healing):
         else:
             self.attach(start=True)
 
-    def build_model(self, config: TrainConfig) -> None:
+    def build_training_parts(self, config: TrainConfig) -> None:
         """The model, its flat buffers, the optimizer (of this rank's shards, with --zero) and what the step
         calls: the model and the loss, compiled under --compile."""
         # --compile: torch.compile's first call imports Inductor (4 s of a GPU worker's start on the GPU host):

@@ -1,7 +1,8 @@
 """Code a user writes and names on Train.py's command line: dataset factories whose samples are dicts
 (a Hugging Face ``datasets.Dataset`` among them), a model that returns its own loss, a regression
-target and a loss of one's own, and a dataset that notes which process loads each sample. Train.py's
-workers import this module from the checkout."""
+target and a loss of one's own, a dataset that notes which process loads each sample, and models for the
+parent's model-and-data check (too few classes; its own loss over too few classes; one that notes where it
+is built). Train.py's workers import this module from the checkout."""
 from __future__ import annotations
 
 import os
@@ -129,3 +130,28 @@ def linear(info) -> torch.nn.Module:
 
 def mse(output: torch.Tensor, batch) -> torch.Tensor:
     return torch.nn.functional.mse_loss(output.squeeze(-1), batch[1])
+
+
+def five_classes(info) -> torch.nn.Module:
+    """Five logits whatever the data's classes."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 5))
+
+
+class FiveWithOwnLoss(torch.nn.Linear):
+    """Five logits and a loss of its own that reads no target: (logits, loss)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = super().forward(x.flatten(1))
+        return out, out.square().mean()
+
+
+def five_with_own_loss(info) -> FiveWithOwnLoss:
+    return FiveWithOwnLoss(64, 5)
+
+
+BUILT: list[str] = []       # the device each ``noted`` model was built on, in order
+
+
+def noted(info) -> torch.nn.Module:
+    BUILT.append(torch.empty(0).device.type)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, info.num_classes))
