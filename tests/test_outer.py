@@ -157,6 +157,10 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     (["--mode", "param", "--avg-every", "4", "--fragments", "5"], "at most K fragments"),
     (["--mode", "param", "--avg-every", "8", "--fragments", "2", "--outer-delay", "4"], "--outer-delay 4 must be under"),
     (["--mode", "param", "--outer-momentum", "0.5"], "add --outer-optimizer nesterov"),
+    (["--avg-optimizer-state"], "in plain averaging (--mode param); add --mode param or drop it"),
+    (["--mode", "param", "--outer-optimizer", "nesterov", "--avg-optimizer-state"],
+     "the outer optimizer keeps each worker's own inner state, as DiLoCo does: drop it"),
+    (["--mode", "param", "--outer-dtype", "bf16", "--avg-optimizer-state"], "without an outer optimizer, fragments"),
 ])
 def test_outer_flags_that_cannot_work_are_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)

@@ -281,13 +281,19 @@ def check_zero(config: TrainConfig) -> None:
 
 
 def check_outer(config: TrainConfig) -> None:
-    """The outer optimizer's flags belong to param mode, and a fragment's exchange lands before its next."""
+    """The outer optimizer's flags belong to param mode, --avg-optimizer-state to plain averaging, and a fragment's
+    exchange lands before its next."""
     given = [f"--{name.replace('_', '-')}" for name in ("outer_optimizer", "outer_lr", "outer_momentum", "fragments",
                                                          "outer_delay", "outer_dtype")
              if getattr(config, name) != getattr(TrainConfig, name)]
     if given and config.mode not in ("param", "async"):
         raise ConfigError(f"{', '.join(given)} set what --mode param (or async) does every --avg-every updates; add "
                           "--mode param or drop them")
+    if config.avg_optimizer_state and config.mode != "async" and (config.mode != "param" or config.outer):
+        raise ConfigError("--avg-optimizer-state averages the optimizer's state with the parameters, in plain averaging "
+                          + ("(--mode param); add --mode param or drop it" if config.mode != "param" else
+                             "(--mode param without an outer optimizer, fragments, delay or compression); the outer "
+                             "optimizer keeps each worker's own inner state, as DiLoCo does: drop it"))
     if config.outer_momentum is not None and config.outer_optimizer != "nesterov":
         raise ConfigError(f"--outer-momentum {config.outer_momentum} is nesterov's; add --outer-optimizer nesterov")
     if config.fragments > config.avg_every:

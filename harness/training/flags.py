@@ -88,7 +88,8 @@ def _synchronisation(a: Callable[..., Any]) -> None:
            "speed / the mean speed updates between pushes, from the run's budget of workers x --max-steps updates")
     a("--avg-every", type=int, help="param and async modes: sync every K updates (async, S >= 1: on average) "
                                      "(default 1)")
-    a("--avg-optimizer-state", action="store_true", help="param mode: also average momentum/Adam state")
+    a("--avg-optimizer-state", action="store_true", help="param mode with plain averaging: also average "
+      "momentum/Adam state (the outer optimizer keeps each worker's own)")
     a("--outer-optimizer", choices=("average", "nesterov"),
       help="param mode: what every --avg-every K updates do with the averaged pseudo-gradient (the parameters' change "
            "since the last sync): average (default; outer SGD at lr 1, the parameters' average) or nesterov (DiLoCo: "
