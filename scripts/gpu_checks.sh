@@ -65,8 +65,9 @@ train_runs() {  # Train.py in both modes on digits and synthetic images, then Te
             for data in digits synthetic; do
                 name=${data}-${n}gpu-${mode}
                 extra=()
-                [ "$data" = synthetic ] && extra=(--model cnn --dataset synthetic --epochs 8 --lr 0.02)
-                python3 Train.py --gpus "$gpus" --mode "$mode" --avg-every 4 "${extra[@]}" \
+                [ "$mode" = param ] && extra=(--avg-every 4)
+                [ "$data" = synthetic ] && extra+=(--model cnn --dataset synthetic --epochs 8 --lr 0.02)
+                python3 Train.py --gpus "$gpus" --mode "$mode" "${extra[@]}" \
                     --save "/tmp/$name.pt" --log-dir "$runs/$name" >"$runs/$name.log" 2>&1
                 echo "$name: exit $? | $(grep -a 'Epoch ' "$runs/$name.log" | tail -1 | tr -d '\r' | sed 's/.*Epoch/Epoch/')"
                 python3 Test.py --checkpoint "/tmp/$name.pt" --gpus "$gpus" | grep '^accuracy' | sed "s/^/  $name test /"

@@ -133,6 +133,18 @@ def test_numbers_that_make_no_sense_are_refused_in_one_line(flags, message, monk
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--mode", "param", "--reduce-dtype", "bf16", "--bucket-mb", "5"],
+     "--bucket-mb 5.0, --reduce-dtype bf16 set how --mode grad averages gradients, which --mode param does not do"),
+    (["--mode", "async", "--grad-sync", "flat"], "--grad-sync flat sets how --mode grad averages gradients"),
+    (["--avg-every", "4"], "--avg-every 4 sets how often --mode param (or async) syncs; add --mode param or drop it"),
+    (["--min-lr", "0.001"], "--min-lr 0.001 is where a --lr-schedule ends, and the constant rate has none"),
+    (["--profile-updates", "3"], "--profile-updates 3 sets what --profile records; add --profile DIR or drop it"),
+])
+def test_a_flag_that_would_change_nothing_in_the_run_is_refused_in_one_line(flags, message, monkeypatch, capsys):
+    assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
+
+
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.md").write_text("x")
     line = train_error("--log-dir", str(tmp_path / "notes.md"), monkeypatch=monkeypatch, capsys=capsys)

@@ -251,6 +251,7 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
     check_zero(config)
     check_outer(config)
     check_async(config)
+    check_idle(config)
     if config.amp == "fp16" and not fused:
         impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
         raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
@@ -265,6 +266,43 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
         raise ConfigError(f"--profile records updates {config.profile_from + 1} to "
                           f"{config.profile_from + config.profile_updates}, after --max-steps {config.max_steps}: "
                           "lower --profile-from or raise --max-steps")
+
+
+def check_idle(config: TrainConfig) -> None:
+    """A flag that would change nothing in this run, because what it sets is another mode's or another flag's, is
+    refused: set on purpose, it would be trusted to have done something."""
+    grads = _given(config, "grad_sync", "bucket_mb", "reduce_dtype")
+    if grads and config.mode != "grad":
+        raise ConfigError(f"{_listed(grads)} {_verb(grads)} how --mode grad averages gradients, which --mode "
+                          f"{config.mode} does not do; drop {_them(grads)}")
+    every = _given(config, "avg_every")
+    if every and config.mode == "grad":
+        raise ConfigError(f"{_listed(every)} sets how often --mode param (or async) syncs; add --mode param or drop it")
+    floor = _given(config, "min_lr")
+    if floor and config.lr_schedule == "constant":
+        raise ConfigError(f"{_listed(floor)} is where a --lr-schedule ends, and the constant rate has none; add "
+                          "--lr-schedule cosine (or linear, step) or drop it")
+    profiled = _given(config, "profile_from", "profile_updates")
+    if profiled and not config.profile:
+        raise ConfigError(f"{_listed(profiled)} {_verb(profiled)} what --profile records; add --profile DIR or drop "
+                          f"{_them(profiled)}")
+
+
+def _given(config: TrainConfig, *names: str) -> dict[str, Any]:
+    """Those of ``names`` whose value is not the default: set by the user."""
+    return {name: getattr(config, name) for name in names if getattr(config, name) != getattr(TrainConfig, name)}
+
+
+def _listed(given: dict[str, Any]) -> str:
+    return ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in given.items())
+
+
+def _verb(given: dict[str, Any]) -> str:
+    return "sets" if len(given) == 1 else "set"
+
+
+def _them(given: dict[str, Any]) -> str:
+    return "it" if len(given) == 1 else "them"
 
 
 def check_zero(config: TrainConfig) -> None:
@@ -283,9 +321,8 @@ def check_zero(config: TrainConfig) -> None:
 def check_outer(config: TrainConfig) -> None:
     """The outer optimizer's flags belong to param mode, --avg-optimizer-state to plain averaging, and a fragment's
     exchange lands before its next."""
-    given = [f"--{name.replace('_', '-')}" for name in ("outer_optimizer", "outer_lr", "outer_momentum", "fragments",
-                                                         "outer_delay", "outer_dtype")
-             if getattr(config, name) != getattr(TrainConfig, name)]
+    given = [f"--{name.replace('_', '-')}" for name in _given(config, "outer_optimizer", "outer_lr", "outer_momentum",
+                                                              "fragments", "outer_delay", "outer_dtype")]
     if given and config.mode not in ("param", "async"):
         raise ConfigError(f"{', '.join(given)} set what --mode param (or async) does every --avg-every updates; add "
                           "--mode param or drop them")
