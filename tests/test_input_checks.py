@@ -140,6 +140,8 @@ def test_numbers_that_make_no_sense_are_refused_in_one_line(flags, message, monk
     (["--avg-every", "4"], "--avg-every 4 sets how often --mode param (or async) syncs; add --mode param or drop it"),
     (["--min-lr", "0.001"], "--min-lr 0.001 is where a --lr-schedule ends, and the constant rate has none"),
     (["--profile-updates", "3"], "--profile-updates 3 sets what --profile records; add --profile DIR or drop it"),
+    (["--save", "", "--save-every-steps", "5"], "--save-every-steps 5 sets how often --save writes, and this run "
+                                                "saves nothing (--save ''); give --save a path or drop it"),
 ])
 def test_a_flag_that_would_change_nothing_in_the_run_is_refused_in_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)

@@ -282,6 +282,10 @@ def check_idle(config: TrainConfig) -> None:
     if floor and config.lr_schedule == "constant":
         raise ConfigError(f"{_listed(floor)} is where a --lr-schedule ends, and the constant rate has none; add "
                           "--lr-schedule cosine (or linear, step) or drop it")
+    cadence = _given(config, "save_every", "save_every_steps")
+    if cadence and not config.save:
+        raise ConfigError(f"{_listed(cadence)} {_verb(cadence)} how often --save writes, and this run saves nothing "
+                          f"(--save ''); give --save a path or drop {_them(cadence)}")
     profiled = _given(config, "profile_from", "profile_updates")
     if profiled and not config.profile:
         raise ConfigError(f"{_listed(profiled)} {_verb(profiled)} what --profile records; add --profile DIR or drop "
