@@ -103,8 +103,11 @@ class Children:
         """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once."""
         self._watch.raise_if_failed()
         call = (fn, args, kwargs)
-        self._watch.begin(call)
-        self._mail.forget_exchanges()
+        # The socket thread handles messages under the link's lock: one of the last exec is then handled as the
+        # last exec's, or dropped as old, never half of each.
+        with self._link.lock:
+            self._watch.begin(call)
+            self._mail.forget_exchanges()
         self._send("exec", [(rank, call) for rank in range(len(self))])
 
     def serve(self, name: str, handler: Callable[[int, Any], list[tuple[int, Any]]]) -> None:
@@ -153,7 +156,8 @@ class Children:
         exec has already ended: that group cannot be healed."""
         if not self._watch.heal:
             raise RuntimeError("replace() needs a group forked with heal=True")
-        self._mail.forget_exchanges()
+        with self._link.lock:           # as in exec(): not while the socket thread is in an exchange
+            self._mail.forget_exchanges()
         replace_rank(self._watch, rank)
 
     def salvage(self, rank: int, answered: Callable[[Any], bool], timeout: float = 120.0) -> list:

@@ -1,4 +1,5 @@
 """The fork/exec/join/send/receive API on CPU children, sharing one group across tests."""
+import threading
 import time
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from harness import ChildError, Parent
+from harness.control.supervise import DEATH_GRACE, Supervisor
 
 
 def work(ctx, scale):
@@ -226,6 +228,37 @@ def test_what_a_failed_exec_left_behind_does_not_leak_into_the_next(kids):
     kids.exec(second)
     assert kids.join("go") == [[0, 1, 2]] * 3
     assert kids.wait() == ["go"] * 3
+
+
+def test_an_error_of_the_last_exec_that_lands_during_the_next_ones_start_stays_the_last_execs(kids, monkeypatch):
+    """The socket thread handles a message while the caller starts the next exec: an error of exec 1 that came
+    after exec 1's wait() returned (rank 2 raised after the grace its wait gives the others) was half recorded as
+    exec 2's when exec 2's start went between the error's exec id check and its recording, and aborted exec 2
+    (a flake of the shared-group test under load). Recording is slowed here so that exec 2 starts right then."""
+    arrived = threading.Event()
+    record = Supervisor.record_error
+
+    def slowly(self, child, text, still_running=False):
+        if "late in exec 1" in text:
+            arrived.set()
+            time.sleep(0.5)
+        record(self, child, text, still_running)
+
+    monkeypatch.setattr(Supervisor, "record_error", slowly)
+
+    def first(ctx):
+        if ctx.rank == 1:
+            raise ValueError("rank 1 fails")
+        if ctx.rank == 2:
+            time.sleep(DEATH_GRACE + 1.0)
+            raise ValueError("late in exec 1")
+
+    kids.exec(first)
+    with pytest.raises(ChildError, match="rank 1 fails"):
+        kids.wait()
+    assert arrived.wait(timeout=30)
+    kids.exec(lambda ctx: ctx.rank)
+    assert kids.wait() == [0, 1, 2]
 
 
 def test_exchange_among_listed_ranks(kids):
