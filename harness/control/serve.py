@@ -209,7 +209,10 @@ class Server:
 
     def _run(self, exec_id: int, call: tuple) -> None:
         fn, args, kwargs = call
-        self.exec_id, self.aborted, self.tags = exec_id, self._aborts.pop(exec_id, None), {}
+        # The socket thread handles aborts under the link's lock: one for this exec that comes now is then
+        # either kept for it (``_aborts``) and taken here, or applied after, never lost between the two.
+        with self.link.lock:
+            self.exec_id, self.aborted, self.tags = exec_id, self._aborts.pop(exec_id, None), {}
         self.inbox["join"].clear()
         self.inbox["reply"].clear()
         self._running = True
