@@ -140,6 +140,10 @@ def test_numbers_that_make_no_sense_are_refused_in_one_line(flags, message, monk
     (["--avg-every", "4"], "--avg-every 4 sets how often --mode param (or async) syncs; add --mode param or drop it"),
     (["--min-lr", "0.001"], "--min-lr 0.001 is where a --lr-schedule ends, and the constant rate has none"),
     (["--profile-updates", "3"], "--profile-updates 3 sets what --profile records; add --profile DIR or drop it"),
+    (["--val-fraction", "0", "--patience", "3"], "--patience 3 sets when to stop on validation, and --dataset "
+                                                  "digits has no validation split in this run"),
+    (["--dataset", "synthetic", "--val-fraction", "0", "--target-error", "0.1"],
+     "--target-error 0.1 sets when to stop on validation, and --dataset synthetic has no validation split"),
     (["--save", "", "--save-every-steps", "5"], "--save-every-steps 5 sets how often --save writes, and this run "
                                                 "saves nothing (--save ''); give --save a path or drop it"),
 ])

@@ -373,6 +373,7 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     device); returns the config with ``samples`` filled in. Train.py runs them while its workers start."""
     from harness.resilience.checkpoint import CheckpointError, check_writable, load_checkpoint
     config = config.replace(samples=_check_data_and_model(config))
+    check_early_stop(config)
     try:
         if config.save:
             check_writable(config.save)
@@ -382,6 +383,23 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     if saved:
         _check_resumable(config, saved)
     return config
+
+
+def check_early_stop(config: TrainConfig) -> None:
+    """--patience and --target-error stop on validation, which a run without a validation split never makes."""
+    stops = _given(config, "patience", "target_error")
+    if not stops:
+        return
+    if config.dataset == "synthetic":       # described, never generated here
+        validated = config.val_fraction > 0
+    else:
+        from harness.checkout.datasets import open_data
+        validated = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=config.val_fraction,
+                              **config.dataset_options).val is not None
+    if not validated:
+        raise ConfigError(f"{_listed(stops)} {_verb(stops)} when to stop on validation, and --dataset "
+                          f"{config.dataset} has no validation split in this run; add --val-fraction 0.1 (or a "
+                          f"validation split to the data) or drop {_them(stops)}")
 
 
 def _check_resumable(config: TrainConfig, saved: dict) -> None:
