@@ -89,16 +89,17 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
 
 
 def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
-               max_bad_samples: int = 0, **options) -> tuple[DataInfo, int]:
-    """(info, training samples) without loading the data: a streamed dataset is scanned and the first
-    sample of each split that loads is decoded (up to ``max_bad_samples`` before it are skipped, named on
-    stderr, as training skips them); synthetic data is described, not generated. Raises one-line errors."""
+               max_bad_samples: int = 0, **options) -> tuple[DataInfo, int, bool]:
+    """(info, training samples, whether there is a validation split) without loading the data: a streamed
+    dataset is scanned and the first sample of each split that loads is decoded (up to ``max_bad_samples``
+    before it are skipped, named on stderr, as training skips them); synthetic data is described, not
+    generated. Raises one-line errors."""
     if name == "synthetic":
         info, size = describe_synthetic(**options)
-        return info, size - int(size * val_fraction)
+        return info, size - int(size * val_fraction), val_fraction > 0
     data = open_data(name, data_dir, seed, val_fraction, **options)
     if name in DATASETS:
-        return data.info, len(data.train)
+        return data.info, len(data.train), data.val is not None
     from harness.data.bad_samples import fetch, listing      # harness.data imports this package
     for split in (data.train, data.val):
         if split is not None:
@@ -113,7 +114,7 @@ def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fracti
                       f"{listing(skipped)}", file=sys.stderr)
             if hasattr(split, "check"):
                 split.check(len(skipped))       # a dataset's own check, of the sample that loaded
-    return data.info, len(data.train)
+    return data.info, len(data.train), data.val is not None
 
 
 def describe_test(name: str, data_dir: str | None = None, val_fraction: float = 0.0) -> str:

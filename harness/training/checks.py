@@ -372,8 +372,9 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
     device); returns the config with ``samples`` filled in. Train.py runs them while its workers start."""
     from harness.resilience.checkpoint import CheckpointError, check_writable, load_checkpoint
-    config = config.replace(samples=_check_data_and_model(config))
-    check_early_stop(config)
+    samples, validated = _check_data_and_model(config)
+    config = config.replace(samples=samples)
+    check_early_stop(config, validated)
     try:
         if config.save:
             check_writable(config.save)
@@ -385,18 +386,11 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     return config
 
 
-def check_early_stop(config: TrainConfig) -> None:
-    """--patience and --target-error stop on validation, which a run without a validation split never makes."""
+def check_early_stop(config: TrainConfig, validated: bool) -> None:
+    """--patience and --target-error stop on validation, which a run without a validation split (``validated``
+    False) never makes."""
     stops = _given(config, "patience", "target_error")
-    if not stops:
-        return
-    if config.dataset == "synthetic":       # described, never generated here
-        validated = config.val_fraction > 0
-    else:
-        from harness.checkout.datasets import open_data
-        validated = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=config.val_fraction,
-                              **config.dataset_options).val is not None
-    if not validated:
+    if stops and not validated:
         raise ConfigError(f"{_listed(stops)} {_verb(stops)} when to stop on validation, and --dataset "
                           f"{config.dataset} has no validation split in this run; add --val-fraction 0.1 (or a "
                           f"validation split to the data) or drop {_them(stops)}")
@@ -432,17 +426,17 @@ def trained(config: TrainConfig, saved: dict) -> tuple[int, int, str]:
     return saved["step"], total, ""
 
 
-def _check_data_and_model(config: TrainConfig) -> int:
+def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
     """Check the data's cheap facts (a streamed dataset is scanned and one sample of each split
     decoded; nothing is loaded whole) and build the model on the meta device: a missing file, a bad
     option or a batch larger than a worker's shard fails here, not in every worker. Returns the
-    number of training samples."""
+    number of training samples, and whether there is a validation split."""
     import torch
     from harness.checkout.datasets import check_data
     from harness.training.build import make_model
     from harness.training.fit import check_fit
     try:
-        info, samples = check_data(config.dataset, config.data_dir, seed=config.seed,
+        info, samples, validated = check_data(config.dataset, config.data_dir, seed=config.seed,
                                    val_fraction=config.val_fraction, max_bad_samples=config.max_bad_samples,
                                    **config.dataset_options)
         with torch.device("meta"):          # checks the model's options without allocating its weights
@@ -455,7 +449,7 @@ def _check_data_and_model(config: TrainConfig) -> int:
         accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
         raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
                           f"samples of {samples} over {config.workers} workers); use at most {shard} in all")
-    return samples
+    return samples, validated
 
 
 def check(config: TrainConfig) -> tuple[list[int], TrainConfig]:
