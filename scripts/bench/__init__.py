@@ -17,6 +17,7 @@ results worth keeping go to bench/results/DATE-DEVICE-WHAT/ with a README.md giv
     data              the input pipelines against a GPU-resident ceiling and torchrun's DataLoader (GPUs)
     decode            images/s per JPEG decoder on one CPU core (a loader process's share)
     single            one GPU: the step against plain loops with torch.compile, nanoGPT's train.py, HF's Trainer
+    attention         scaled_dot_product_attention's kernels at GPT-2's shapes: which runs, how fast (GPUs)
     multi             several GPUs: the step against torchrun + DDP with torch.compile and nanoGPT under torchrun
     zero              --zero 0, 1 and 2: memory per worker and step time (CPU workers, or GPUs; with --peers
                       against DDP, ZeroRedundancyOptimizer and FSDP2 under torchrun)
