@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .cifar10 import load_cifar10
 from .custom import open_custom
@@ -24,7 +24,7 @@ from .split import DataError, DataInfo, Split
 from .synthetic import describe_synthetic, load_synthetic
 from .tokens import open_tokens
 
-__all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Split", "check_data", "dataset_names",
+__all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Facts", "Split", "check_data", "dataset_names",
            "decode_oddeven", "describe_test", "load_dataset", "open_data"]
 
 DATASETS: dict[str, Callable[..., tuple[Split, Split]]] = {
@@ -51,6 +51,15 @@ class Data:
     @property
     def info(self) -> DataInfo:
         return self.train.info
+
+
+class Facts(NamedTuple):
+    """What ``check_data`` found: the parent's checks go on from it without opening the data again."""
+
+    info: DataInfo
+    samples: int                # in the training split
+    validated: bool             # whether the run has a validation split
+    train: Any | None           # the training split it opened (None for synthetic data, described only)
 
 
 def dataset_names() -> list[str]:
@@ -89,17 +98,17 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
 
 
 def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
-               max_bad_samples: int = 0, **options) -> tuple[DataInfo, int, bool]:
-    """(info, training samples, whether there is a validation split) without loading the data: a streamed
+               max_bad_samples: int = 0, **options) -> Facts:
+    """The data's facts without loading a streamed dataset: a streamed
     dataset is scanned and the first sample of each split that loads is decoded (up to ``max_bad_samples``
     before it are skipped, named on stderr, as training skips them); synthetic data is described, not
     generated. Raises one-line errors."""
     if name == "synthetic":
         info, size = describe_synthetic(**options)
-        return info, size - int(size * val_fraction), val_fraction > 0
+        return Facts(info, size - int(size * val_fraction), val_fraction > 0, None)
     data = open_data(name, data_dir, seed, val_fraction, **options)
     if name in DATASETS:
-        return data.info, len(data.train), data.val is not None
+        return Facts(data.info, len(data.train), data.val is not None, data.train)
     from harness.data.bad_samples import fetch, listing      # harness.data imports this package
     for split in (data.train, data.val):
         if split is not None:
@@ -114,7 +123,7 @@ def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fracti
                       f"{listing(skipped)}", file=sys.stderr)
             if hasattr(split, "check"):
                 split.check(len(skipped))       # a dataset's own check, of the sample that loaded
-    return data.info, len(data.train), data.val is not None
+    return Facts(data.info, len(data.train), data.val is not None, data.train)
 
 
 def describe_test(name: str, data_dir: str | None = None, val_fraction: float = 0.0) -> str:

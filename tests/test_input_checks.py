@@ -67,11 +67,11 @@ def test_a_model_that_returns_a_tuple_without_a_loss_is_refused_naming_what_it_r
     assert "--model tuple_model:make does not fit --dataset digits: it returns a tuple, not a tensor of logits" in line
 
 
-@pytest.mark.parametrize("fast_limit, devices", [(10**6, ["meta", "meta", "cpu"]), (10, ["meta", "meta"])])
+@pytest.mark.parametrize("fast_limit, devices", [(10**6, ["meta", "cpu"]), (10, ["meta"])])
 def test_a_model_over_the_fast_limit_that_fits_is_never_built_on_the_parents_cpu(fast_limit, devices, monkeypatch):
     """Building GPT-2 on the parent's CPU held the workers' first step back by seconds: over fit.FAST_LIMIT the
-    batch runs on the meta device, and a model that passes there is not built again (the parent's two meta
-    builds: the model's options, then the batch)."""
+    batch runs on the meta device, and a model that passes there is not built again (the parent's one meta
+    build checks the model's options and runs the batch)."""
     monkeypatch.setattr(user_code, "BUILT", [])
     monkeypatch.setattr("harness.training.fit.FAST_LIMIT", fast_limit)
     check(TrainConfig(model="tests.helpers.user_code:noted", batch_size=2, save=None))

@@ -136,9 +136,9 @@ def test_evaluation_passes_load_in_the_process_forked_when_made(tokens):
 
 
 def test_check_data_reports_facts_without_generating_synthetic_data():
-    info, samples, validated = check_data("synthetic", shape=[3, 224, 224], num_classes=1000, size=10**7,
-                                          val_fraction=0.1)
-    assert info.input_shape == (3, 224, 224) and samples == 9 * 10**6 and validated
+    facts = check_data("synthetic", shape=[3, 224, 224], num_classes=1000, size=10**7, val_fraction=0.1)
+    assert facts.info.input_shape == (3, 224, 224) and facts.samples == 9 * 10**6 and facts.validated
+    assert facts.train is None      # described, not generated
 
 
 @pytest.mark.parametrize("breakage, message", [

@@ -428,28 +428,24 @@ def trained(config: TrainConfig, saved: dict) -> tuple[int, int, str]:
 
 def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
     """Check the data's cheap facts (a streamed dataset is scanned and one sample of each split
-    decoded; nothing is loaded whole) and build the model on the meta device: a missing file, a bad
+    decoded; nothing is loaded whole) and the model on a batch of it (fit.py): a missing file, a bad
     option or a batch larger than a worker's shard fails here, not in every worker. Returns the
     number of training samples, and whether there is a validation split."""
-    import torch
     from harness.checkout.datasets import check_data
-    from harness.training.build import make_model
     from harness.training.fit import check_fit
     try:
-        info, samples, validated = check_data(config.dataset, config.data_dir, seed=config.seed,
-                                   val_fraction=config.val_fraction, max_bad_samples=config.max_bad_samples,
-                                   **config.dataset_options)
-        with torch.device("meta"):          # checks the model's options without allocating its weights
-            make_model(config, info, torch.device("meta"))
+        facts = check_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=config.val_fraction,
+                           max_bad_samples=config.max_bad_samples, **config.dataset_options)
     except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
         raise ConfigError(str(e).splitlines()[0]) from None
-    check_fit(config)
+    check_fit(config, facts.info, facts.train)
+    samples = facts.samples
     shard = samples // config.workers
     if config.batch_size * config.grad_accum > shard:
         accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
         raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
                           f"samples of {samples} over {config.workers} workers); use at most {shard} in all")
-    return samples, validated
+    return samples, facts.validated
 
 
 def check(config: TrainConfig) -> tuple[list[int], TrainConfig]:

@@ -18,7 +18,7 @@ to the workers.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,34 +26,43 @@ from harness.data.batch import Batch, call_model, is_pair, tree_map
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.losses import make_loss, own_loss
 
+if TYPE_CHECKING:
+    from harness.checkout.datasets import DataInfo
+
 FAST_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device first
 REAL_LIMIT = 200_000_000        # parameters: above this it never runs on real weights in the parent
 SAMPLES = 2
 
 
-def check_fit(config: TrainConfig) -> None:
-    """Raises ConfigError when the model does not take the dataset's batches or the loss its output."""
+def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
+    """Raises ConfigError when the model's options are wrong, or the model does not take the dataset's batches
+    or the loss its output. ``train``: the training split ``check_data`` opened (None: synthetic data, of which
+    a few samples are made here)."""
     from harness.checkout.datasets import open_data
     from harness.data.pipeline import evaluation_batches
     from harness.training.build import make_model
-    options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
-    data = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options)
-    batch = next(evaluation_batches(data.train, 0, 1, SAMPLES, torch.device("cpu")))
-    with torch.device("meta"):
-        model = make_model(config, data.info, torch.device("meta"))
+    if train is None:
+        options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
+        train = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options).train
+    batch = next(evaluation_batches(train, 0, 1, SAMPLES, torch.device("cpu")))
+    try:
+        with torch.device("meta"):          # the model's options, checked without allocating its weights
+            model = make_model(config, info, torch.device("meta"))
+    except (OSError, ValueError, TypeError, ImportError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
     size = sum(p.numel() for p in model.parameters())
     if size > FAST_LIMIT:
         output, problem = run_batch(config, model, batch, torch.device("meta"))
         if problem is None:
             problem = targets_beyond(output, batch) if config.loss is None and own_loss(output) is None else None
             if problem is not None:
-                raise refusal(config, data.info.kind, batch, problem)
+                raise refusal(config, info.kind, batch, problem)
             return
         if size > REAL_LIMIT:
             return
-    _, problem = run_batch(config, make_model(config, data.info, torch.device("cpu")), batch, torch.device("cpu"))
+    _, problem = run_batch(config, make_model(config, info, torch.device("cpu")), batch, torch.device("cpu"))
     if problem is not None:
-        raise refusal(config, data.info.kind, batch, problem)
+        raise refusal(config, info.kind, batch, problem)
 
 
 def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, str | None]:
