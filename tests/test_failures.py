@@ -108,6 +108,22 @@ def test_children_exit_when_the_parent_is_killed(tmp_path):
         proc.kill()
 
 
+def test_a_child_started_over_ssh_exits_when_its_session_ends_though_its_stderr_went_with_it():
+    """sshd closes a remote child's stdin and stderr together: the child's last words fail with a broken pipe,
+    and it must exit all the same (it outlived Train.py by the heartbeat timeout when that write raised)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; from harness.control import lifeline; "
+                              "lifeline.environment_from_stdin(); time.sleep(600)"],
+                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        child.stdin.write(b"{}\n")
+        child.stdin.flush()
+        child.stderr.close()
+        child.stdin.close()
+        assert child.wait(timeout=30) == 1
+    finally:
+        kill_quietly(child.pid)
+
+
 def test_no_child_remains_after_with_block_exits_normally_or_by_exception():
     with Parent() as parent:
         kids = parent.fork(2)

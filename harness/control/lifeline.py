@@ -59,9 +59,15 @@ def environment_from_stdin() -> None:
 
 
 def exit_because(reason: str) -> None:
-    sys.stderr.write(f"harness child on {os.environ.get('HARNESS_HOST', 'localhost')}: {reason}; exiting\n")
-    sys.stderr.flush()
-    os._exit(1)
+    """Say why on stderr, where it can still be read, and exit. Over ssh, stderr went with the session that
+    ended: the write fails (a broken pipe), and the exit must not fail with it."""
+    try:
+        sys.stderr.write(f"harness child on {os.environ.get('HARNESS_HOST', 'localhost')}: {reason}; exiting\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    finally:
+        os._exit(1)
 
 
 def _remove_socket_directory(endpoint: str) -> None:
