@@ -5,10 +5,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
 from harness import ChildFailed, Parent
+from harness.control.supervise import Supervisor
 from tests.helpers.processes import alive, kill_quietly, wait_gone
 
 
@@ -122,6 +124,22 @@ def test_a_child_started_over_ssh_exits_when_its_session_ends_though_its_stderr_
         assert child.wait(timeout=30) == 1
     finally:
         kill_quietly(child.pid)
+
+
+def test_a_silent_rank_is_heard_again_only_once_its_worker_talks_not_when_a_replacement_starts():
+    """A rank silent for a third of the heartbeat timeout is named; its replacement, still starting (on a host
+    that may still be cut off), says nothing of it; the replacement ready and heard is "heard again"."""
+    told = []
+    supervisor = Supervisor(None, heartbeat_timeout=3.0, heal=True, remote=True)
+    supervisor.on_silent = lambda rank, seconds: told.append((rank, seconds))
+    silent = SimpleNamespace(rank=1, connected=True, ready=True)
+    supervisor._note_silence(silent, 2.0)
+    replacement = SimpleNamespace(rank=1, connected=False, ready=False)
+    supervisor._note_silence(replacement, 0.0)
+    assert told == [(1, 2.0)]
+    replacement.connected = replacement.ready = True
+    supervisor._note_silence(replacement, 0.1)
+    assert told == [(1, 2.0), (1, None)]
 
 
 def test_no_child_remains_after_with_block_exits_normally_or_by_exception():

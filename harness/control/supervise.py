@@ -211,7 +211,9 @@ class Supervisor:
             self._note_silence(child, silent)
 
     def _note_silence(self, child: ChildProcess, silent: float) -> None:
-        quiet = child.connected and child.ready and silent > self.heartbeat_timeout / 3
+        if not (child.connected and child.ready):
+            return      # still starting (a replacement on a host that may be cut off): not heard yet
+        quiet = silent > self.heartbeat_timeout / 3
         if quiet == (child.rank in self._silent) or self.on_silent is None:
             return
         (self._silent.add if quiet else self._silent.discard)(child.rank)
