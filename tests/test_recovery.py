@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from harness import ChildFailed
 from harness.resilience.checkpoint import load_checkpoint
+from harness.resilience.recovery import Recovery
 from harness.resilience.saver import BackgroundSaver
 from harness.training.metrics import read_metrics
 from tests.helpers.processes import kill_quietly
@@ -94,3 +98,18 @@ def test_background_saves_snapshot_the_state_and_never_overlap(tmp_path):
     saved = load_checkpoint(tmp_path / "c.pt")
     assert saved["step"] == 4 and torch.equal(saved["model"]["w"], torch.full((1000,), 405.0))
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]      # no temporary file left
+
+
+def test_a_replacement_that_fails_is_reported_with_the_cause_of_the_failure_it_replaced():
+    """A host cut off: its worker stops responding, and its replacement cannot reach the host. The error names
+    both, not only the replacement's ssh failure."""
+    def replace(rank):
+        raise ChildFailed(rank, "exited with status 255", ["ssh: connect to host 10.0.0.2: Connection timed out"],
+                          host="10.0.0.2")
+    kids = SimpleNamespace(replace=replace, stop=lambda grace: None)
+    recovery = Recovery(1, heals_in_place=True, resume=None, last_saved=lambda: None, report=lambda record: None)
+    with pytest.raises(ChildFailed) as failed:
+        recovery.heal(kids, ChildFailed(1, "stopped responding (no heartbeat for 5.0 s; killed)", host="10.0.0.2"))
+    assert failed.value.rank == 1 and failed.value.host == "10.0.0.2"
+    assert "exited with status 255 as it replaced the worker that stopped responding (no heartbeat" in str(failed.value)
+    assert "Connection timed out" in str(failed.value)

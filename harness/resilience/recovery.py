@@ -106,10 +106,11 @@ class Recovery:
         self._healing = (failure, time.monotonic())
         try:
             kids.replace(failure.rank)
-        except ChildFailed as error:
+        except ChildFailed as error:      # the replacement's failure, with the first one's cause: both go to the user
             self._unhealed = f"the replacement failed: rank {error.rank} {error.reason}"
             kids.stop(grace=1.0)
-            raise
+            raise ChildFailed(error.rank, f"{error.reason} as it replaced the worker that {failure.reason}",
+                              error.stderr_tail, error.host) from error
         except HostLost:        # no child can start there: a survivor saves what it holds, for the engine's restart
             for record in kids.salvage(failure.rank, lambda sent: sent.get("event") in ("saved", "not_saved")):
                 self._report(record)
