@@ -154,6 +154,7 @@ def test_a_worker_killed_on_its_host_is_healed_over_ssh_and_the_run_equals_the_u
     assert status == 0, err
     heals = [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "recovered"]
     assert [(r["rank"], r["generation"]) for r in heals] == [(1, 1)] and left == []
+    assert "ssh's own status" in heals[0]["cause"], heals[0]       # 255 is ssh's: the worker was killed there
     assert torch.equal(flat_params(slow_straight), flat_params(tmp_path / "model.pt"))
     assert children_on(hosts) == []
 

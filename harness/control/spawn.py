@@ -38,22 +38,26 @@ from .link import identity_of
 STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFailed
 
 
-def describe_exit(returncode: int) -> str:
-    """How a child's process ended, in the words of an error message."""
+def describe_exit(returncode: int, notes: Mapping[int, str] | None = None) -> str:
+    """How a child's process ended, in the words of an error message; ``notes``: what its launcher's own exit
+    statuses mean (ssh's 255)."""
     if returncode < 0:
         try:
             return f"was killed by signal {signal.Signals(-returncode).name}"
         except ValueError:
             return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
+    note = (notes or {}).get(returncode)
+    return f"exited with status {returncode}" + (f" ({note})" if note else "")
 
 
 class ChildProcess:
     """The parent's record of one child process: its rank and identity, what it sent, when it was
     last heard from, the last lines of its stderr."""
 
-    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes, host: str | None = None):
+    def __init__(self, rank: int, process: subprocess.Popen, identity: bytes, host: str | None = None,
+                 exit_notes: Mapping[int, str] | None = None):
         self.rank, self.identity, self.host = rank, identity, host      # host: where a remote child runs
+        self.exit_notes = exit_notes or {}      # what the launcher's own exit statuses mean (describe_exit)
         self.process = process
         self.connected = False
         self.ready = False      # its preloads imported: from then on, silence means a hang
@@ -130,7 +134,7 @@ class Starter:
         env = {**self._environments[rank], "HARNESS_GENERATION": str(generation)}
         process = self._launcher.start(self._hosts[rank], env)
         return ChildProcess(rank, process, identity_of(rank, generation),
-                            self._hosts[rank] if self._launcher.remote else None)
+                            self._hosts[rank] if self._launcher.remote else None, self._launcher.exit_notes)
 
     def take_spare(self, rank: int) -> ChildProcess | None:
         """The spare, renamed ``rank`` (the caller tells it so, once it is connected: an "assume" message

@@ -198,7 +198,7 @@ class Supervisor:
             returncode = child.process.poll()
             if returncode is not None:
                 child.reader.join(timeout=1.0)        # let the last stderr lines arrive
-                self._fail(child, describe_exit(returncode))
+                self._fail(child, describe_exit(returncode, child.exit_notes))
                 return
             # Importing torch can hold the GIL for seconds (the heartbeat thread cannot run), more so on
             # a busy machine: a child still starting or importing its preloads is given START_TIMEOUT.

@@ -56,6 +56,7 @@ class Launcher:
 
     remote = False
     cluster: ClusterStart | None = None
+    exit_notes: dict[int, str] = {}     # what the launcher's own exit statuses mean, for error messages
 
     def __init__(self, hosts: Sequence[Host]):
         if not hosts:
@@ -103,6 +104,8 @@ class Ssh(Launcher):
     ssh client and its options (default: $HARNESS_SSH, else ``ssh``), e.g. ``ssh -F cluster.conf``."""
 
     remote = True
+    exit_notes = {255: "ssh's own status: the connection failed or dropped, or the worker was killed by a signal "
+                       "there"}
 
     def __init__(self, hosts: Sequence[Host], command: str | None = None):
         super().__init__(hosts)
