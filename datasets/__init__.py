@@ -99,10 +99,9 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
 
 def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
                max_bad_samples: int = 0, **options) -> Facts:
-    """The data's facts without loading a streamed dataset: a streamed
-    dataset is scanned and the first sample of each split that loads is decoded (up to ``max_bad_samples``
-    before it are skipped, named on stderr, as training skips them); synthetic data is described, not
-    generated. Raises one-line errors."""
+    """The data's facts without loading a streamed dataset: it is scanned and the first sample of each split
+    that loads is decoded (up to ``max_bad_samples`` before it are skipped, named on stderr, as training skips
+    them); synthetic data is described, not generated. Raises one-line errors."""
     if name == "synthetic":
         info, size = describe_synthetic(**options)
         return Facts(info, size - int(size * val_fraction), val_fraction > 0, None)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from harness.launch.cluster import ClusterStart, check_start, detect, unbind_from_mpi
 from harness.launch.launchers import Launcher, make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
-from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig
+from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig, one_line_errors
 from harness.training.optim import check_options, default_impl
 from harness.training.schedule import is_constant
 
@@ -433,11 +433,9 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
     number of training samples, and whether there is a validation split."""
     from harness.checkout.datasets import check_data
     from harness.training.fit import check_fit
-    try:
+    with one_line_errors():
         facts = check_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=config.val_fraction,
                            max_bad_samples=config.max_bad_samples, **config.dataset_options)
-    except (OSError, ValueError, TypeError, ImportError) as e:      # OSError: a file we may not read
-        raise ConfigError(str(e).splitlines()[0]) from None
     check_fit(config, facts.info, facts.train)
     samples = facts.samples
     shard = samples // config.workers

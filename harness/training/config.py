@@ -11,7 +11,9 @@ flags before any worker starts, and the workers read it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,16 @@ FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
 
 class ConfigError(ValueError):
     """Bad input; reported as one line, before any worker starts (Train.py exits 2)."""
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """What opening the user's data or building their model raises (a file we may not read, a bad option, a
+    module that does not import), as a ConfigError of its first line."""
+    try:
+        yield
+    except (OSError, ValueError, TypeError, ImportError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.data.batch import Batch, call_model, is_pair, tree_map
-from harness.training.config import ConfigError, TrainConfig
+from harness.training.config import ConfigError, TrainConfig, one_line_errors
 from harness.training.losses import make_loss, own_loss
 
 if TYPE_CHECKING:
@@ -45,11 +45,8 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
         options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
         train = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options).train
     batch = next(evaluation_batches(train, 0, 1, SAMPLES, torch.device("cpu")))
-    try:
-        with torch.device("meta"):          # the model's options, checked without allocating its weights
-            model = make_model(config, info, torch.device("meta"))
-    except (OSError, ValueError, TypeError, ImportError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
+    with one_line_errors(), torch.device("meta"):      # the model's options, checked without allocating its weights
+        model = make_model(config, info, torch.device("meta"))
     size = sum(p.numel() for p in model.parameters())
     if size > FAST_LIMIT:
         output, problem = run_batch(config, model, batch, torch.device("meta"))
