@@ -558,14 +558,15 @@ SERVED = ["--avg-every", "8", "--outer-optimizer", "nesterov", "--optimizer", "a
 
 
 def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp_path):
-    """With checkpoints too: their point (every 12 updates' worth) falls inside a round, which parks every worker."""
-    saves = ["--max-steps", "40", "--save-every-steps", "12"]
+    """With checkpoints too: their point (every 12 updates' worth) falls inside a round, which parks every worker;
+    and the run ends 4 updates into a round, which both end by plain averaging."""
+    saves = ["--max-steps", "36", "--save-every-steps", "12"]
     results, served = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *SERVED, *saves, name="async")
     _, synchronous = run_train(tmp_path, "--mode", "param", *SERVED, *saves, name="sync")
     assert torch.equal(flat_params(served), flat_params(synchronous))
     assert len({r["checksum"] for r in results}) == 1          # every worker ends on the server's anchor
     syncs = [r for r in read_metrics(tmp_path / "async" / "metrics.jsonl") if r["event"] == "outer_sync"]
-    assert [(r["step"], r["rank"], r["staleness"]) for r in syncs] == [(s, rank, 0) for s in range(8, 41, 8)
+    assert [(r["step"], r["rank"], r["staleness"]) for r in syncs] == [(s, rank, 0) for s in (8, 16, 24, 32, 36)
                                                                        for rank in (0, 1)]
     assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 for r in syncs)
     assert {r["via"] for r in syncs} == {"shared memory"}       # workers forked on the parent's machine

@@ -56,6 +56,9 @@ class OuterOptimizer:
         anchor.sub_(delta, alpha=self.lr)
 
 
+AVERAGE = OuterOptimizer("average", lr=1.0)     # the outer step that makes the anchor the replicas' mean
+
+
 @dataclass
 class _Exchange:
     """A fragment's pseudo-gradient on its way: launched after update ``launched``, applied after ``apply_at``."""
@@ -65,6 +68,7 @@ class _Exchange:
     finish: Callable[[], torch.Tensor]
     snapshot: list[torch.Tensor] | None        # the fragment's parameters at launch (delay > 0)
     nbytes: int
+    outer: OuterOptimizer
     result: torch.Tensor | None = None
 
     def average(self) -> torch.Tensor:
@@ -133,17 +137,19 @@ class OuterSynchroniser(Synchroniser):
 
     def end_of_run(self, step: int) -> None:
         """The run's last update: every exchange in flight applied, then every fragment synced, so that
-        the final parameters are the anchor on every rank."""
+        the final parameters are the anchor on every rank. A fragment whose round is not complete is merged by
+        plain averaging: an outer step with momentum is sized for K updates, and after fewer it overshoots
+        (streaming's fragments all end mid-round)."""
         for exchange in list(self.pending):
             self._apply(exchange, step)
         for fragment in range(len(self.slices)):
             if self.launched[fragment] != step:     # one sent after this very update has nothing new to send
-                self._launch(fragment, step, delay=0)
+                self._launch(fragment, step, delay=0, outer=AVERAGE)
 
     def _views(self, tensors: list[torch.Tensor], fragment: int) -> list[torch.Tensor]:
         return [tensors[b][start:stop] for b, start, stop in self.slices[fragment]]
 
-    def _launch(self, fragment: int, step: int, delay: int | None = None) -> None:
+    def _launch(self, fragment: int, step: int, delay: int | None = None, outer: OuterOptimizer | None = None) -> None:
         delay = self.delay if delay is None else delay
         self.launched[fragment] = step
         params, anchor = self._views(self.flat.params, fragment), self._views(self.anchor, fragment)
@@ -153,7 +159,8 @@ class OuterSynchroniser(Synchroniser):
             for buffer in self.flat.buffers:
                 self.comm.all_reduce(buffer, op="avg")
         exchange = _Exchange(fragment, step, step + delay, self.codec.exchange(self.comm, payload),
-                             [p.clone() for p in params] if delay else None, self.codec.nbytes(payload))
+                             [p.clone() for p in params] if delay else None, self.codec.nbytes(payload),
+                             outer or self.outer)
         self.pending.append(exchange)
         if not delay:
             self._apply(exchange, step)
@@ -171,7 +178,7 @@ class OuterSynchroniser(Synchroniser):
         for i, (anchor, param) in enumerate(zip(self._views(self.anchor, fragment), self._views(self.flat.params, fragment))):
             delta = average[offset:offset + anchor.numel()].to(anchor.dtype)
             offset += anchor.numel()
-            self.outer.step(anchor, delta, momentum[i])
+            exchange.outer.step(anchor, delta, momentum[i])
             if exchange.snapshot is None or exchange.launched == step:     # no local progress to carry over
                 param.copy_(anchor)
             else:
@@ -205,5 +212,6 @@ class OuterSynchroniser(Synchroniser):
                 t.copy_(value)
         device = self.anchor[0].device
         self.pending = [_Exchange(f, launched, at, lambda: None, None if snap is None else [s.to(device) for s in snap],
-                                  nbytes, result.to(device)) for f, launched, at, result, snap, nbytes in state["pending"]]
+                                  nbytes, self.outer, result.to(device))
+                        for f, launched, at, result, snap, nbytes in state["pending"]]
 

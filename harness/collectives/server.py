@@ -87,7 +87,7 @@ import torch
 from .async_worker import BAD_SAMPLES
 from .compress import Codec
 from .grants import Grants
-from .outer import OuterOptimizer
+from .outer import AVERAGE, OuterOptimizer
 from .shared import SHARED, SharedAreas
 from .wire import Wire
 
@@ -353,14 +353,21 @@ class ParameterServer:
             return [self.pending[0]]
         return None
 
+    def _outer_for(self, batch: list[Push]) -> OuterOptimizer:
+        """Plain averaging for the run's last rounds where they are partial (fewer than K updates a push, on
+        average, with nothing left to grant), as param mode ends (outer.py: end_of_run); else the outer optimizer."""
+        partial = sum(push.updates for push in batch) < self.every * len(batch)
+        return AVERAGE if partial and self.grants.left <= 0 and not self.stop_why else self.outer
+
     def _apply(self, batch: list[Push]) -> list[Answer]:
         """One outer step with the batch's average; its pushes counted, then answered or parked (all of them
         parked if any passes a checkpoint's point: at S = 0 every worker must stop at the same round)."""
         self.total = self.total or [torch.empty_like(t, dtype=torch.float32) for t in self.anchor]
         mean_into(self.total, [push.delta for push in batch], self.workers)     # each push its 1/N share of a round
         momentum = self.momentum or [None] * len(self.anchor)
+        outer = self._outer_for(batch)
         for anchor, t, m in zip(self.anchor, self.total, momentum):
-            self.outer.step(anchor, t.to(anchor.dtype), m)
+            outer.step(anchor, t.to(anchor.dtype), m)
         self.served = None
         before, self.version = self.version, self.version + 1
         now = self.clock()
