@@ -559,7 +559,8 @@ SERVED = ["--avg-every", "8", "--outer-optimizer", "nesterov", "--optimizer", "a
 
 def test_staleness_0_trains_the_parameters_of_synchronous_diloco_bit_for_bit(tmp_path):
     """With checkpoints too: their point (every 12 updates' worth) falls inside a round, which parks every worker;
-    and the run ends 4 updates into a round, which both end by plain averaging."""
+    and the run ends 4 updates into a round, which both end by plain averaging (as they end a whole one: the
+    BatchNorm test below)."""
     saves = ["--max-steps", "36", "--save-every-steps", "12"]
     results, served = run_train(tmp_path, "--mode", "async", "--max-staleness", "0", *SERVED, *saves, name="async")
     _, synchronous = run_train(tmp_path, "--mode", "param", *SERVED, *saves, name="sync")

@@ -44,6 +44,7 @@ def syncs_of_a_run(ctx, every: int, fragments: int, delay: int, total: int) -> l
     applied = []
     sync = OuterSynchroniser(ctx.communicator(), flat, every, OuterOptimizer(), make_codec("fp32"), fragments, delay,
                              report=lambda record: applied.append((record["step"], record["fragment"])))
+    sync.ends_after(total)
     sync.start()
     for step in range(1, total + 1):
         flat.params[0].add_(0.01)
@@ -64,26 +65,28 @@ def test_the_run_s_end_syncs_what_has_moved_since_its_last_sync_and_nothing_twic
     assert streamed == [(6, 1), (10, 0), (14, 1), (18, 0), (18, 0), (18, 1)]
 
 
-def ended_mid_round(ctx) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nesterov syncs at K = 4 with momentum built up, then the run ends 2 updates into a round; returns this
-    rank's parameters just before the end and after it."""
+def run_ended(ctx, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nesterov syncs at K = 4 with momentum built up, in a run of ``total`` updates ended as Train.py ends it;
+    returns this rank's parameters before its last sync and after it."""
     flat = FlatParameters(small_model())
     sync = OuterSynchroniser(ctx.communicator(), flat, 4, OuterOptimizer("nesterov", 0.7, 0.9), make_codec("fp32"))
+    sync.ends_after(total)
     sync.start()
-    for step in range(1, 11):
+    for step in range(1, total + 1):
         flat.params[0].add_(0.01 * (ctx.rank + 1) * step)
         sync.after_step(step)
     before = flat.params[0].clone()
-    sync.end_of_run(10)
+    sync.end_of_run(total)
     return before, flat.params[0].clone()
 
 
-def test_a_round_the_run_ends_in_the_middle_of_is_merged_by_plain_averaging():
-    """An outer step with momentum is sized for K updates: after 2 of them it would overshoot, so the
-    run's last, partial round ends at the mean of the replicas."""
+@pytest.mark.parametrize("total", [10, 12])
+def test_the_run_s_last_sync_whole_round_or_partial_ends_on_the_mean_of_the_replicas(total):
+    """The outer momentum carries the anchor ahead of the replicas for them to train on from there; the run's
+    model is their mean (ending 2 updates into a round, or on a whole one)."""
     with Parent() as parent:
         pair = parent.fork(2)
-        pair.exec(ended_mid_round)
+        pair.exec(run_ended, total)
         (before0, after0), (before1, after1) = pair.wait()
     assert torch.equal(after0, after1)
     torch.testing.assert_close(after0, (before0 + before1) / 2, rtol=0, atol=1e-6)

@@ -122,24 +122,31 @@ class OuterSynchroniser(Synchroniser):
         self.residual = [torch.zeros_like(t, dtype=torch.float32) for t in flat.params]
         self.pending: list[_Exchange] = []
         self.launched = [0] * fragments         # the update each fragment was last sent after
+        self.last: int | None = None            # the update the run ends after (``ends_after``)
 
     def start(self) -> None:
         super().start()
         for anchor, param in zip(self.anchor, self.flat.params):
             anchor.copy_(param)
 
+    def ends_after(self, total: int) -> None:
+        self.last = total
+
     def after_step(self, step: int) -> None:
         for exchange in [e for e in self.pending if e.apply_at == step]:
             self._apply(exchange, step)
+        if step == self.last:       # end_of_run syncs every fragment
+            return
         for fragment, offset in enumerate(self.offsets):
             if step % self.every == offset:
                 self._launch(fragment, step)
 
     def end_of_run(self, step: int) -> None:
-        """The run's last update: every exchange in flight applied, then every fragment synced, so that
-        the final parameters are the anchor on every rank. A fragment whose round is not complete is merged by
-        plain averaging: an outer step with momentum is sized for K updates, and after fewer it overshoots
-        (streaming's fragments all end mid-round)."""
+        """The run's last update: every exchange in flight applied, then every fragment synced by plain averaging,
+        so that every rank ends on the replicas' mean. An outer step with momentum carries the anchor ahead of
+        the replicas, for them to train on from there; the run's model is their mean (DiLoCo's validation loss
+        at the end of the slow-link bench's 4000 updates: 1.3461, against 1.3779 after a last Nesterov step;
+        streaming's, whose fragments all end mid-round, 1.4004 when they took one)."""
         for exchange in list(self.pending):
             self._apply(exchange, step)
         for fragment in range(len(self.slices)):

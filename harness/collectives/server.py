@@ -353,11 +353,10 @@ class ParameterServer:
             return [self.pending[0]]
         return None
 
-    def _outer_for(self, batch: list[Push]) -> OuterOptimizer:
-        """Plain averaging for the run's last rounds where they are partial (fewer than K updates a push, on
-        average, with nothing left to grant), as param mode ends (outer.py: end_of_run); else the outer optimizer."""
-        partial = sum(push.updates for push in batch) < self.every * len(batch)
-        return AVERAGE if partial and self.grants.left <= 0 and not self.stop_why else self.outer
+    def _outer_for(self) -> OuterOptimizer:
+        """Plain averaging for the run's last outer steps (nothing left to grant, no stop), as param mode ends
+        (outer.py: end_of_run): the run's model is the workers' mean; else the outer optimizer."""
+        return AVERAGE if self.grants.left <= 0 and not self.stop_why else self.outer
 
     def _apply(self, batch: list[Push]) -> list[Answer]:
         """One outer step with the batch's average; its pushes counted, then answered or parked (all of them
@@ -365,7 +364,7 @@ class ParameterServer:
         self.total = self.total or [torch.empty_like(t, dtype=torch.float32) for t in self.anchor]
         mean_into(self.total, [push.delta for push in batch], self.workers)     # each push its 1/N share of a round
         momentum = self.momentum or [None] * len(self.anchor)
-        outer = self._outer_for(batch)
+        outer = self._outer_for()
         for anchor, t, m in zip(self.anchor, self.total, momentum):
             outer.step(anchor, t.to(anchor.dtype), m)
         self.served = None

@@ -85,8 +85,12 @@ class Synchroniser:
     def after_step(self, step: int) -> None:
         pass
 
+    def ends_after(self, total: int) -> None:
+        """The run ends after update ``total`` (param mode's outer optimizer leaves that update's sync to
+        ``end_of_run``)."""
+
     def end_of_run(self, step: int) -> None:
-        """After the run's last update (param mode's outer optimizer syncs every fragment)."""
+        """After the run's last update (param mode's outer optimizer syncs every fragment, by averaging)."""
 
     def over(self, step: int, total: int) -> bool:
         """Whether this rank's run is over after update ``step``: at ``total`` (--mode async's worker: when

@@ -203,6 +203,7 @@ class Worker(Saving, Healing):
                                       report=self.ctx.send if self.lead else None, replica=self.replica,
                                       ctx=self.ctx, served=mine.get("server") if mine else None, model=self.model,
                                       held=mine.get("anchor") if mine else None, place=self.place)
+        self.sync.ends_after(self.total)
         if start:
             self.sync.start()
         if mine:
