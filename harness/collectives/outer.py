@@ -23,7 +23,9 @@ What a checkpoint needs for an exact resume is per rank (each worker's parameter
 state differ between syncs, and so do the residuals): ``state_dict()`` gives this rank's, on the host,
 the anchor and momentum (the same on every rank) included, and exchanges still in flight waited for
 (the worker adds its inner optimizer's state).
-Validation and the checkpoint's model are the anchor (``global_weights``), the model the run agrees on.
+Validation and the checkpoint's model are the anchor (``global_weights``), the model the run agrees on. The
+run's last sync is a plain average (``end_of_run``), so the run ends on the replicas' mean; the anchors validated
+before it are ahead of the replicas by the outer momentum's step, and validate worse than their mean would.
 """
 from __future__ import annotations
 
