@@ -12,8 +12,10 @@ anchor with that average, identically on every rank, which every worker then con
 Streaming (``fragments`` F, ``delay`` D): the flat buffers are cut into F fragments (slice f of each
 buffer), whose syncs are staggered over the K updates (fragment f at the updates ``f*K/F`` mod K), so
 the link carries a 1/F of the model at a time. A fragment's exchange is launched asynchronously and
-applied D updates later: its new anchor plus the local progress made meanwhile (``parameters -
-parameters at launch``), so the inner steps never wait for the link unless it is slower than D updates.
+applied D updates later, so the inner steps never wait for the link unless it is slower than D updates; the
+fragment's parameters then become half their own, half the new anchor (Streaming DiLoCo's mixing, alpha 0.5).
+Moved to the new anchor plus all the local progress made since the launch instead, streaming ended 1.9% behind
+DiLoCo's loss on the slow-link bench; mixed, 0.04% (bench/results/2026-11-27-cpu2-slow-link-final-average).
 
 Compression (``codec``, harness/collectives/compress.py): bf16, fp16 or int8 deltas, with error
 feedback: what rounding took from a delta (``residual``) is added to the next one, so nothing is lost,
@@ -59,6 +61,7 @@ class OuterOptimizer:
 
 
 AVERAGE = OuterOptimizer("average", lr=1.0)     # the outer step that makes the anchor the replicas' mean
+MIX = 0.5       # a late exchange's fragment: this much of the replica's own parameters, the rest the new anchor
 
 
 @dataclass
@@ -68,7 +71,6 @@ class _Exchange:
     launched: int
     apply_at: int
     finish: Callable[[], torch.Tensor]
-    snapshot: list[torch.Tensor] | None        # the fragment's parameters at launch (delay > 0)
     nbytes: int
     outer: OuterOptimizer
     result: torch.Tensor | None = None
@@ -168,15 +170,14 @@ class OuterSynchroniser(Synchroniser):
             for buffer in self.flat.buffers:
                 self.comm.all_reduce(buffer, op="avg")
         exchange = _Exchange(fragment, step, step + delay, self.codec.exchange(self.comm, payload),
-                             [p.clone() for p in params] if delay else None, self.codec.nbytes(payload),
-                             outer or self.outer)
+                             self.codec.nbytes(payload), outer or self.outer)
         self.pending.append(exchange)
         if not delay:
             self._apply(exchange, step)
 
     def _apply(self, exchange: _Exchange, step: int) -> None:
-        """The outer step on the fragment's anchor, and the parameters moved to it (plus, when the exchange
-        was in flight, the local progress made since its launch)."""
+        """The outer step on the fragment's anchor, and the parameters moved to it (when the exchange was in
+        flight, half way: ``MIX``)."""
         began = time.monotonic()
         average = exchange.average()
         blocked = time.monotonic() - began
@@ -188,10 +189,10 @@ class OuterSynchroniser(Synchroniser):
             delta = average[offset:offset + anchor.numel()].to(anchor.dtype)
             offset += anchor.numel()
             exchange.outer.step(anchor, delta, momentum[i])
-            if exchange.snapshot is None or exchange.launched == step:     # no local progress to carry over
+            if exchange.launched == step:       # no local progress since its launch
                 param.copy_(anchor)
             else:
-                param.add_(anchor - exchange.snapshot[i])
+                param.mul_(MIX).add_(anchor, alpha=1 - MIX)
         if self.report is not None:
             self.report({"event": "outer_sync", "step": step, "launched": exchange.launched, "fragment": fragment,
                          "blocked_s": blocked, "bytes": exchange.nbytes, "staleness": 0})
@@ -209,8 +210,7 @@ class OuterSynchroniser(Synchroniser):
         """This rank's part of a checkpoint, on the host (exchanges in flight waited for, not applied)."""
         return {"params": host(self.flat.params), "anchor": host(self.anchor), "momentum": host(self.momentum),
                 "residual": host(self.residual),
-                "pending": [(e.fragment, e.launched, e.apply_at, e.average().cpu(), host(e.snapshot), e.nbytes)
-                            for e in self.pending]}
+                "pending": [(e.fragment, e.launched, e.apply_at, e.average().cpu(), e.nbytes) for e in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pairs = [(self.flat.params, state["params"]), (self.anchor, state["anchor"]), (self.residual, state["residual"])]
@@ -220,7 +220,6 @@ class OuterSynchroniser(Synchroniser):
             for t, value in zip(mine, saved):
                 t.copy_(value)
         device = self.anchor[0].device
-        self.pending = [_Exchange(f, launched, at, lambda: None, None if snap is None else [s.to(device) for s in snap],
-                                  nbytes, self.outer, result.to(device))
-                        for f, launched, at, result, snap, nbytes in state["pending"]]
+        self.pending = [_Exchange(f, launched, at, lambda: None, nbytes, self.outer, result.to(device))
+                        for f, launched, at, result, nbytes in state["pending"]]
 
