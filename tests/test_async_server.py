@@ -17,8 +17,9 @@ import torch
 
 from harness import ChildError, Parent
 from harness.collectives import shared
-from harness.collectives.async_worker import BAD_SAMPLES
+from harness.collectives.async_worker import BAD_SAMPLES, AsyncSynchroniser
 from harness.collectives.compress import make_codec
+from harness.collectives.flat import FlatParameters
 from harness.collectives.outer import OuterOptimizer
 from harness.collectives.grants import Grants, covering
 from harness.collectives.server import HOLD, ParameterServer, Plan
@@ -630,6 +631,57 @@ def test_workers_that_train_on_under_their_push_spend_the_exact_budget_and_save_
     assert len({r["checksum"] for r in results}) == 1          # parked at the end: every worker on the anchor
     tested = cli("Test.py", "--checkpoint", str(saved), "--json")
     assert tested.returncode == 0, tested.stderr
+
+
+class Answers:
+    """A worker's context whose server is a list of answers, taken in turn by ``request`` and ``answer``; every
+    answer is there as soon as it is looked for."""
+
+    replacing, generation = None, 0
+
+    def __init__(self, *answers: dict):
+        self.answers, self.sent = list(answers), []
+
+    def request(self, to: str, message: tuple) -> dict:
+        self.sent.append(message)
+        return self.answers.pop(0)
+
+    def ask(self, to: str, message: tuple) -> None:
+        self.sent.append(message)
+
+    def answered(self) -> bool:
+        return True
+
+    def answer(self) -> dict:
+        return self.answers.pop(0)
+
+    def follow_heal(self, generation: int) -> None:
+        pass
+
+
+def answer(anchor: float, grant: int, ahead: int = 0) -> dict:
+    return {"anchor": [torch.full((8,), anchor)], "version": 1, "stop_why": 0, "grant": grant, "ahead": ahead,
+            "updates": 0, "parked": False, "final": False, "validate": False, "save": False}
+
+
+def test_a_worker_that_trained_on_under_its_push_lands_half_way_between_its_parameters_and_the_new_anchor():
+    """--outer-delay: the answer taken one update after the push mixes the replica's own parameters and the new
+    anchor half and half (not the anchor plus the update made since the push); taken with no update since the
+    push, the parameters are the anchor."""
+    flat = FlatParameters(torch.nn.Linear(7, 1))
+    ctx = Answers(answer(0.0, grant=2, ahead=1), answer(10.0, grant=2, ahead=1), answer(20.0, grant=2, ahead=1),
+                  answer(30.0, grant=2))
+    worker = AsyncSynchroniser(flat, 0, 1, ctx, signal=lambda: None)
+    worker.start()
+    for step, moved_to in [(1, 1.0), (2, 2.0), (3, 3.0)]:      # the push after update 2, the answer after 3
+        flat.params[0].fill_(moved_to)
+        worker.after_step(step)
+    assert torch.equal(ctx.sent[1][1]["delta"][0], torch.full((8,), -2.0))     # anchor 0 minus the parameters
+    assert torch.equal(flat.params[0], torch.full((8,), (3.0 + 10.0) / 2))
+    flat.params[0].fill_(4.0)
+    worker.after_step(4)                # pushes again, runs ahead; the end takes that answer with no update since
+    worker.finish()
+    assert torch.equal(worker.anchor[0], torch.full((8,), 30.0)) and torch.equal(flat.params[0], worker.anchor[0])
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
