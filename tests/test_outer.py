@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from harness import Parent
+from harness.collectives.async_worker import Solo
 from harness.collectives.compress import Int8Codec, make_codec
 from harness.collectives.flat import FlatParameters
-from harness.collectives.outer import OuterOptimizer, OuterSynchroniser, fragment_slices
+from harness.collectives.outer import AVERAGE, OuterOptimizer, OuterSynchroniser, fragment_slices
 from harness.resilience.checkpoint import load_checkpoint
 from harness.resilience.heal import Where, hand_over_anchor
 from harness.training.metrics import read_metrics
@@ -178,6 +179,26 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     syncs = [r for r in read_metrics(tmp_path / "straight" / "metrics.jsonl") if r["event"] == "outer_sync"]
     assert [(r["launched"], r["step"], r["fragment"]) for r in syncs[:3]] == [(4, 6, 1), (8, 10, 0), (12, 14, 1)]
     assert all(r["bytes"] > 0 and r["blocked_s"] >= 0 and r["staleness"] == 0 for r in syncs)
+
+
+def test_a_streaming_checkpoint_saved_with_its_exchange_s_snapshot_loads_and_lands_the_exchange():
+    """Checkpoints of before the mixing (52a8fa4) kept each exchange in flight with the replica's parameters at its
+    launch; they load, that copy dropped, and the exchange lands mixed at the update it was due."""
+    flat = FlatParameters(small_model())
+    applied = []
+    sync = OuterSynchroniser(Solo(), flat, 8, AVERAGE, make_codec("fp32"), 2, 2,
+                             report=lambda record: applied.append((record["step"], record["launched"])))
+    sync.start()
+    state = sync.state_dict()
+    size = sum(stop - start for _, start, stop in sync.slices[0])
+    state["pending"] = [(0, 6, 8, torch.full((size,), 0.5), [torch.zeros(3)], 1234)]
+    sync.load_state_dict(state)
+    before = [view.clone() for view in sync._views(flat.params, 0)]
+    for step in (7, 8):
+        sync.after_step(step)
+    assert applied == [(8, 6)]
+    for now, then in zip(sync._views(flat.params, 0), before):      # anchor - 0.5, mixed half with the replica's
+        assert torch.allclose(now, then - 0.25)
 
 
 @pytest.mark.parametrize("flags, message", [

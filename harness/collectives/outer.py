@@ -220,6 +220,7 @@ class OuterSynchroniser(Synchroniser):
             for t, value in zip(mine, saved):
                 t.copy_(value)
         device = self.anchor[0].device
+        # (fragment, launched, apply_at, average, [snapshot at launch: checkpoints of before the mixing,] nbytes)
         self.pending = [_Exchange(f, launched, at, lambda: None, nbytes, self.outer, result.to(device))
-                        for f, launched, at, result, nbytes in state["pending"]]
+                        for f, launched, at, result, *_, nbytes in state["pending"]]
 
