@@ -102,7 +102,8 @@ def _synchronisation(a: Callable[..., Any]) -> None:
     a("--outer-delay", type=int, metavar="D",
       help="param mode: a fragment's exchange runs under the next D inner updates and is applied then, the new anchor "
            "mixed half and half with the replica's own (default 0: the inner steps wait for it); D < K/F. async: a "
-           "worker trains on under its push until the answer is there, D updates at most; D < K")
+           "worker trains on under its push until the answer is there, D updates at most, then mixes it in the same way; "
+           "D < K")
     a("--outer-dtype", choices=("fp32", "bf16", "fp16", "int8"),
       help="param and async modes: pseudo-gradients sent as fp32 (default), bf16 or fp16 (half the bytes) or int8 "
            "with a scale per 1024 (a quarter), the rounding error carried into the next sync; async mode sends the "

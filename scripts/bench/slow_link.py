@@ -428,9 +428,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=64, help="tokens per sample (default 64)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate, every row (default 1e-3)")
     p.add_argument("--avg-every", type=int, default=50, help="K, inner updates between syncs (default 50)")
-    p.add_argument("--async-delay", type=int, default=25,
+    p.add_argument("--async-delay", type=int, default=5,
                    help="async: a worker trains on under its push until the answer is there, this many updates at "
-                        "most (--outer-delay; default 25, 0: it waits at the push)")
+                        "most (--outer-delay; default 5, 0: it waits at the push)")
     p.add_argument("--validate-every", type=int, default=10, help="updates between validations (default 10)")
     p.add_argument("--val-windows", type=int, default=256, help="validation samples (default 256)")
     p.add_argument("--data-commit", default="HEAD",
