@@ -30,7 +30,7 @@ import torch
 from .base import Communicator, Work
 from .compress import Codec
 from .flat import FlatParameters
-from .outer import MIX, anchored, host
+from .outer import anchored, host, land
 from .shared import SHARED, SharedAreas
 from .sync import Synchroniser
 from .wire import Wire
@@ -273,10 +273,7 @@ class AsyncSynchroniser(Synchroniser):
         reply = self.ctx.answer()
         self.waited = time.monotonic() - began
         self.in_flight = False
-        own = [p.detach().clone() for p in self.flat.params] if self.step != self.pushed_at else None
-        self._adopt(reply)
-        for param, mine in zip(self.flat.params, own or ()):
-            param.lerp_(mine, MIX)
+        self._adopt(reply, late=self.step != self.pushed_at)
         self._stood(self.sending + time.monotonic() - began)
         self._wait()
 
@@ -295,8 +292,9 @@ class AsyncSynchroniser(Synchroniser):
         while self.parked and not self.grant and not self.final:
             self._push(self.pushed_at, park=True)
 
-    def _adopt(self, reply: dict) -> None:
-        """The answer taken: the anchor (or its encoded change, added) in the anchor and the parameters."""
+    def _adopt(self, reply: dict, late: bool = False) -> None:
+        """The answer taken: the anchor (or its encoded change, added) in the anchor and the parameters (``late``: an
+        answer taken after updates made since its push, mixed into them: outer.py's ``land``)."""
         if "anchor" in reply:
             for anchor, served in zip(self.anchor, self.shared.pull if reply["anchor"] == SHARED else reply["anchor"]):
                 anchor.copy_(served)
@@ -304,7 +302,7 @@ class AsyncSynchroniser(Synchroniser):
             for anchor, change in zip(self.anchor, self.wire.received(reply["change"], self.anchor)):
                 anchor.add_(change)
         for anchor, param in zip(self.anchor, self.flat.params):
-            param.copy_(anchor)
+            land(param, anchor, late)
         for buffer, served in zip(self.flat.buffers, reply.get("buffers") or ()):
             buffer.copy_(served)
         self.version, self.stop_why, self.grant = reply["version"], reply["stop_why"], reply["grant"]

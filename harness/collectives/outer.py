@@ -64,6 +64,15 @@ AVERAGE = OuterOptimizer("average", lr=1.0)     # the outer step that makes the 
 MIX = 0.5       # a late exchange's fragment: this much of the replica's own parameters, the rest the new anchor
 
 
+def land(param: torch.Tensor, anchor: torch.Tensor, late: bool) -> None:
+    """A replica's parameters after an outer step: the new anchor, or where the exchange landed after local updates
+    (``late``: streaming's delayed fragments, async's answers taken late) ``MIX`` of their own, the rest the anchor."""
+    if late:
+        param.mul_(MIX).add_(anchor, alpha=1 - MIX)
+    else:
+        param.copy_(anchor)
+
+
 @dataclass
 class _Exchange:
     """A fragment's pseudo-gradient on its way: launched after update ``launched``, applied after ``apply_at``."""
@@ -189,10 +198,7 @@ class OuterSynchroniser(Synchroniser):
             delta = average[offset:offset + anchor.numel()].to(anchor.dtype)
             offset += anchor.numel()
             exchange.outer.step(anchor, delta, momentum[i])
-            if exchange.launched == step:       # no local progress since its launch
-                param.copy_(anchor)
-            else:
-                param.mul_(MIX).add_(anchor, alpha=1 - MIX)
+            land(param, anchor, late=exchange.launched != step)
         if self.report is not None:
             self.report({"event": "outer_sync", "step": step, "launched": exchange.launched, "fragment": fragment,
                          "blocked_s": blocked, "bytes": exchange.nbytes, "staleness": 0})
