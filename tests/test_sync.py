@@ -96,8 +96,10 @@ def test_bf16_reduction_keeps_replicas_identical(tmp_path):
     (2, {}, True),                                      # all-reduced from the flat buffers
     (1, {"zero": 1}, True),                             # --zero 1 reduce-scatters its buffers, even alone
     (2, {"zero": 2}, False),                            # --zero 2 keeps its shard only
-    (1, {"mode": "param", "outer_optimizer": "nesterov"}, True),
-    (1, {"mode": "async"}, True),
+    (1, {"mode": "param", "outer_optimizer": "nesterov"}, False),   # param and async modes exchange
+    (2, {"mode": "param"}, False),                                   # parameters, never gradients
+    (2, {"mode": "param", "avg_every": 4, "avg_optimizer_state": True}, False),
+    (2, {"mode": "async"}, False),
 ])
-def test_only_a_world_that_averages_nothing_leaves_gradients_to_autograd(world, flags, flat):
+def test_only_grad_mode_that_averages_or_shards_keeps_flat_gradients(world, flags, flat):
     assert flat_gradients(TrainConfig(**flags), world) is flat

@@ -86,11 +86,13 @@ def make_server(config: TrainConfig, steps_per_epoch: int) -> ParameterServer:
 
 
 def flat_gradients(config: TrainConfig, world: int) -> bool:
-    """Whether the gradients go into flat buffers (FlatParameters): not with --zero 2, which keeps only
-    its shard of them, nor for a world of one that averages nothing (``make_synchroniser``'s plain
-    Synchroniser), whose step then lets autograd hand its gradients over, as a plain loop's does."""
-    alone = world == 1 and config.mode != "async" and not config.zero and not config.outer
-    return config.zero < 2 and not alone
+    """Whether the gradients go into flat buffers (FlatParameters): only where grad mode averages or shards
+    them, over more than one worker or with --zero 1 (whose world of one still runs the sharded path). Not
+    with --zero 2, which keeps only its shard of them; not in param or async mode, which exchange parameters;
+    not for a world of one that averages nothing. Those steps let autograd hand its gradients over, as a plain
+    loop's does, and save an add kernel a parameter a micro-batch and a zeroing of the buffer an update."""
+    averaged = config.mode == "grad" and (world > 1 or config.zero > 0)
+    return averaged and config.zero < 2
 
 
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
