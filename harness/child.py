@@ -97,13 +97,28 @@ class Context:
         """All-gather through the parent: every child of ``ranks`` (default: all) calls it with the same
         tag; returns their values in the order of ``ranks``. Collectives use it to hand out the NCCL
         unique id and gloo's address; workers sharing a GPU, their IPC handles."""
-        if ranks is not None:
-            ranks = list(ranks)
-            if sorted(set(ranks)) != ranks or not all(isinstance(r, int) and 0 <= r < self.world_size for r in ranks):
-                raise ValueError(f"ranks={ranks}: must be increasing ranks in 0..{self.world_size - 1}, each once")
-            if self.rank not in ranks:
-                raise ValueError(f"ranks={ranks} leaves out this child (rank {self.rank}); only members exchange")
-        return self._server.exchange(tag, ranks, value)
+        return self._server.exchange(tag, self._members(ranks), value)
+
+    def gather(self, tag: str, value: Any, to: int = 0, ranks: Sequence[int] | None = None) -> list | None:
+        """``exchange``, but only rank ``to`` gets the values (in the order of ``ranks``); the others get None
+        and go on at once, and ``to``'s own value never leaves it. For what one rank writes: a checkpoint's
+        every-rank parts, which an all-gather would copy to every rank (N times the part each)."""
+        members = self._members(ranks)
+        if to not in (range(self.world_size) if members is None else members):
+            raise ValueError(f"to={to} is not a member of ranks={members if members is not None else 'all'}; "
+                             "gather to one of them")
+        return self._server.exchange(tag, members, value, to=to)
+
+    def _members(self, ranks: Sequence[int] | None) -> list[int] | None:
+        """``ranks`` as a list, checked: increasing, in the world, this child among them (None: everyone)."""
+        if ranks is None:
+            return None
+        ranks = list(ranks)
+        if sorted(set(ranks)) != ranks or not all(isinstance(r, int) and 0 <= r < self.world_size for r in ranks):
+            raise ValueError(f"ranks={ranks}: must be increasing ranks in 0..{self.world_size - 1}, each once")
+        if self.rank not in ranks:
+            raise ValueError(f"ranks={ranks} leaves out this child (rank {self.rank}); only members exchange")
+        return ranks
 
     def request(self, service: str, payload: Any) -> Any:
         """Ask the parent's ``service`` (registered with ``Children.serve``) and block until it answers; the

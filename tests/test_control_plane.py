@@ -270,6 +270,23 @@ def test_exchange_among_listed_ranks(kids):
     assert kids.wait() == [([0, 20], [0, 1, 2]), (None, [0, 1, 2]), ([0, 20], [0, 1, 2])]
 
 
+def test_gather_gives_the_values_to_one_rank_alone_whose_own_never_leaves_it(kids):
+    def work(ctx):
+        value = {"rank": ctx.rank}
+        everyone = ctx.gather("all", value, to=1)
+        pair = ctx.gather("pair", ctx.rank * 10, to=2, ranks=[0, 2]) if ctx.rank != 1 else "not a member"
+        return everyone, everyone is not None and everyone[1] is value, pair
+    kids.exec(work)
+    assert kids.wait() == [(None, False, None), ([{"rank": 0}, {"rank": 1}, {"rank": 2}], True, "not a member"),
+                           (None, False, [0, 20])]
+
+
+def test_gather_refuses_a_receiver_outside_its_ranks(kids):
+    kids.exec(lambda ctx: ctx.gather("t", 1, to=1, ranks=[0, 2]) if ctx.rank != 1 else None)
+    with pytest.raises(ChildError, match="to=1 is not a member"):
+        kids.wait()
+
+
 @pytest.mark.parametrize("ranks, message", [([1, 0], "increasing"), ([0, 5], "increasing"), ([1, 2], "leaves out")])
 def test_exchange_refuses_bad_rank_lists(kids, ranks, message):
     kids.exec(lambda ctx: ctx.exchange("t", 1, ranks=ranks) if ctx.rank == 0 else None)

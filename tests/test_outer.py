@@ -169,7 +169,12 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     flags = [*DILOCO, "--fragments", "2", "--outer-delay", "2", "--outer-dtype", "int8", "--max-steps", "200",
              "--batch-size", "8"]
     step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
-    assert [p[:3] for p in load_checkpoint(checkpoint)["ranks"][0]["pending"]] == [(step % 8 // 4, step, step + 2)]
+    saved = load_checkpoint(checkpoint)
+    assert [p[:3] for p in saved["ranks"][0]["pending"]] == [(step % 8 // 4, step, step + 2)]
+    # rank 0's AdamW state is in the file once: the top level's is its own part's, the same storage
+    assert [len(part["optimizer"]["state"]) for part in saved["ranks"]] == [len(saved["optimizer"]["state"])] * 2 > [0]
+    assert all(state["exp_avg"].untyped_storage().data_ptr() == own["exp_avg"].untyped_storage().data_ptr()
+               for state, own in zip(saved["optimizer"]["state"].values(), saved["ranks"][0]["optimizer"]["state"].values()))
     results, straight = run_train(tmp_path, *flags, name="straight")
     _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
     assert torch.equal(flat_params(straight), flat_params(resumed))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from harness import ChildFailed
+from harness.resilience import saver as saver_module
 from harness.resilience.checkpoint import load_checkpoint
 from harness.resilience.recovery import Recovery
 from harness.resilience.saver import BackgroundSaver
@@ -98,6 +100,22 @@ def test_background_saves_snapshot_the_state_and_never_overlap(tmp_path):
     saved = load_checkpoint(tmp_path / "c.pt")
     assert saved["step"] == 4 and torch.equal(saved["model"]["w"], torch.full((1000,), 405.0))
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]      # no temporary file left
+
+
+def test_a_background_save_writes_what_it_is_given_as_it_is_and_snapshots_the_rest(tmp_path, monkeypatch):
+    """Every rank's own part is a host copy made for the save: the saver writes it without a second copy."""
+    release, write = threading.Event(), saver_module.save_checkpoint
+    monkeypatch.setattr(saver_module, "save_checkpoint", lambda path, state: release.wait(30) and write(path, state))
+    weights, part = torch.zeros(4), torch.zeros(4)
+    saver = BackgroundSaver()
+    saver.save(tmp_path / "c.pt", {"model": {"w": weights}, "optimizer": {}, "epoch": 0, "step": 1, "config": {},
+                                   "ranks": [{"params": part}]}, given=("ranks",))
+    weights += 1                    # after the snapshot, before the write
+    part += 1
+    release.set()
+    saver.wait()
+    saved = load_checkpoint(tmp_path / "c.pt")
+    assert torch.equal(saved["model"]["w"], torch.zeros(4)) and torch.equal(saved["ranks"][0]["params"], torch.ones(4))
 
 
 def test_a_replacement_that_fails_is_reported_with_the_cause_of_the_failure_it_replaced():

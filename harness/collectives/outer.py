@@ -92,7 +92,7 @@ class _Exchange:
 
 def host(tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
     """Copies of ``tensors`` on the host, as a checkpoint keeps them (None stays None)."""
-    return None if tensors is None else [t.detach().cpu().clone() for t in tensors]
+    return None if tensors is None else [t.detach().to("cpu", copy=True) for t in tensors]
 
 
 @contextlib.contextmanager
@@ -216,7 +216,7 @@ class OuterSynchroniser(Synchroniser):
         """This rank's part of a checkpoint, on the host (exchanges in flight waited for, not applied)."""
         return {"params": host(self.flat.params), "anchor": host(self.anchor), "momentum": host(self.momentum),
                 "residual": host(self.residual),
-                "pending": [(e.fragment, e.launched, e.apply_at, e.average().cpu(), e.nbytes) for e in self.pending]}
+                "pending": [(e.fragment, e.launched, e.apply_at, *host([e.average()]), e.nbytes) for e in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pairs = [(self.flat.params, state["params"]), (self.anchor, state["anchor"]), (self.residual, state["residual"])]
@@ -227,6 +227,6 @@ class OuterSynchroniser(Synchroniser):
                 t.copy_(value)
         device = self.anchor[0].device
         # (fragment, launched, apply_at, average, [snapshot at launch: checkpoints of before the mixing,] nbytes)
-        self.pending = [_Exchange(f, launched, at, lambda: None, nbytes, self.outer, result.to(device))
+        self.pending = [_Exchange(f, launched, at, lambda: None, nbytes, self.outer, result.to(device, copy=True))
                         for f, launched, at, result, *_, nbytes in state["pending"]]
 

@@ -105,18 +105,21 @@ class Mailbox:
         for rank, answer in answers:
             self._group.send_if_alive(self._group.children[rank], ("reply", exec_id, answer))
 
-    def _exchange(self, child: ChildProcess, tag: str, payload: tuple[list[int] | None, Any]) -> None:
+    def _exchange(self, child: ChildProcess, tag: str, payload: tuple[list[int] | None, Any, int | None]) -> None:
+        """One member's value for exchange ``tag``; once every member's is in, the list goes to each of them, or
+        to rank ``to`` alone (a gather: harness/child.py's ``Context.gather``)."""
         children = self._group.children
-        ranks, value = payload
+        ranks, value, to = payload
         ranks = list(range(len(children))) if ranks is None else ranks
-        expected, values = self._exchanges.setdefault(tag, (ranks, {}))
-        if ranks != expected:
-            self._group.record_error(child, f"exchange {tag!r}: this child lists ranks {ranks}, another "
-                                            f"listed {expected}; every member must pass the same", still_running=True)
+        expected, values = self._exchanges.setdefault(tag, ((ranks, to), {}))
+        if (ranks, to) != expected:
+            self._group.record_error(child, f"exchange {tag!r}: this child lists ranks {ranks} (to {to}), another "
+                                            f"listed {expected[0]} (to {expected[1]}); every member must pass the same",
+                                     still_running=True)
             return
         values[child.rank] = value
         if all(r in values for r in ranks):
             del self._exchanges[tag]
             gathered = [values[r] for r in ranks]
-            for r in ranks:
+            for r in ranks if to is None else [to]:
                 self._group.send_if_alive(children[r], ("exchange", tag, gathered))

@@ -9,12 +9,12 @@ runs each exec and reports its outcome. The verbs' blocking waits (``take``, ``e
 
 The wire protocol (each message is (kind, id, payload), signed: harness/control/wire.py):
 parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
-("exchange", tag, values), ("reply", id, answer), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
+("exchange", tag, values) (to rank ``to`` alone, where one is named), ("reply", id, answer), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
 to remote children also ("heartbeat", None, None) and ("signal", None, signum); to a warm spare
 ("assume", None, {"rank", "generation", "gpu"}), which makes it the replacement of that rank.
 Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,
 ("heartbeat", None, None), ("print", id, text),
-("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value)), ("request", id, (service, payload)),
+("yield", id, value), ("data", id, obj), ("exchange", tag, (ranks, value, to)), ("request", id, (service, payload)),
 ("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
 rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
@@ -102,12 +102,19 @@ class Server:
         return self.link.wait_for(lambda: self._check_abort() or bool(self.inbox[kind]) or None,
                                   deadline=time.monotonic()) is not None
 
-    def exchange(self, tag: str, ranks: list[int] | None, value: Any) -> list:
+    def exchange(self, tag: str, ranks: list[int] | None, value: Any, to: int | None = None) -> list | None:
         """Send ``value`` to the parent's exchange ``tag`` (of this exec and generation); the values of
-        every member once all have sent theirs."""
+        every member once all have sent theirs. ``to``: only that rank gets them (a gather): the others
+        return None at once, and ``to`` sends no value, keeping its own in the list (it never travels)."""
         tag = f"{self.exec_id}.{self.ctx.generation}/{tag}"
-        self.link.send(("exchange", tag, (ranks, value)))
-        return self.link.wait_for(lambda: self._check_abort() or self.exchanges.pop(tag, None))
+        root = to == self.ctx.rank
+        self.link.send(("exchange", tag, (ranks, None if root else value, to)))
+        if to is not None and not root:
+            return None
+        values = self.link.wait_for(lambda: self._check_abort() or self.exchanges.pop(tag, None))
+        if root:
+            values[(ranks or list(range(self.ctx.world_size))).index(to)] = value
+        return values
 
     def await_heal(self, grace: float) -> dict | None:
         """The heal notice, once a peer's failure (reported within ``grace`` s) has been healed; None if

@@ -76,13 +76,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """Load a checkpoint written by save_checkpoint.
 
     weights_only=True refuses arbitrary pickled objects, which is why save_checkpoint insists on a
-    plain config.
+    plain config. The file is memory-mapped: a tensor is read when it is used, so a reader that needs
+    a part (the parent's checks, a rank its own part of every rank's) holds no more than that part.
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a file; check the path")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except Exception as error:  # torch.load raises many types for garbage, truncation and bad pickles
         raise CheckpointError(
             f"checkpoint {path} is not a readable checkpoint (truncated, corrupt or not written by "
@@ -199,7 +200,7 @@ def to_host(value: object) -> object:
     """``value`` with every tensor in it copied to the host (dicts, lists and tuples followed), as a
     worker's state travels to rank 0 for a checkpoint (the parent, which relays it, never touches CUDA)."""
     if torch.is_tensor(value):
-        return value.detach().cpu().clone()
+        return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
         return {k: to_host(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

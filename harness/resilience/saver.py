@@ -25,10 +25,13 @@ class BackgroundSaver:
         self._error: BaseException | None = None
         self._pinned: dict[tuple, torch.Tensor] = {}      # host buffers of GPU tensors, by their place in the state
 
-    def save(self, path: str | os.PathLike, state: dict, done: Callable[[], None] = lambda: None) -> None:
+    def save(self, path: str | os.PathLike, state: dict, done: Callable[[], None] = lambda: None,
+             given: tuple[str, ...] = ()) -> None:
+        """Snapshot ``state`` and write it in the background. ``given``: keys of ``state`` whose values the caller
+        gives away (host copies made for this save, which nothing else changes): written as they are, not copied."""
         self.wait()
         copied = torch.cuda.Event() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        snapshot = self._snapshot(state, ()) if self.copy else state
+        snapshot = {k: v if k in given else self._snapshot(v, (k,)) for k, v in state.items()} if self.copy else state
         if copied is not None:
             copied.record()
         self._thread = threading.Thread(target=self._write, args=(path, snapshot, copied, done),

@@ -209,6 +209,7 @@ class Worker(Saving, Healing):
         if mine:
             self.sync.load_state_dict(mine)
             load_optimizer_state(self.optimizer, mine["optimizer"])
+        self.saved_ranks = None     # taken: every rank's parts would otherwise stay mapped for the whole run
         guarded = config.heal_in_place and self.device.type == "cuda" and not self.asynchronous    # async: no collective
         ticket = Ticket(self.comm, self.optimizers(), self.state.step) if guarded else None
         if self.scaler is not None:     # after the ticket: the optimizer skips where either says so

@@ -64,14 +64,16 @@ class Saving:
         generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
         # every rank's (param mode's replicas scale apart; grad mode's alike)
         scales = self.ctx.exchange(self.ctx.unique_tag("loss-scale"), self.scaler.state_dict()) if self.scaler else None
-        # as an unsharded optimizer's, whatever --zero: any number of workers resumes it
-        optimizer = gather_state(self.optimizer, self.shards, self.comm, self.model) if self.shards is not None \
-            else self.optimizer.state_dict() if self.lead else None
         local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
-        ranks = None if local is None else self.ctx.exchange(self.ctx.unique_tag("ranks"), self.own_part(local))
+        # to the lead alone, which writes them: an all-gather would copy every part to every rank
+        ranks = None if local is None else self.ctx.gather(self.ctx.unique_tag("ranks"), self.own_part(local))
+        # as an unsharded optimizer's, whatever --zero: any number of workers resumes it; in param mode the
+        # lead's own part holds it already, and the file keeps it once (the same tensors, saved once)
+        optimizer = gather_state(self.optimizer, self.shards, self.comm, self.model) if self.shards is not None \
+            else ranks[0]["optimizer"] if ranks else self.optimizer.state_dict() if self.lead else None
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
-                self.write(s.where(), optimizer, generators, scales, ranks)
+                self.write(s.where(), optimizer, generators, scales, ranks, given=("optimizer", "ranks") if ranks else ())
         s.saved_at = s.step
 
     def own_part(self, local: dict) -> dict:
@@ -91,12 +93,13 @@ class Saving:
         return part
 
     def write(self, place: Where, optimizer: dict | None, generators: list, scales: list | None, ranks: list | None,
-              **record: Any) -> None:
+              given: tuple[str, ...] = (), **record: Any) -> None:
         """The checkpoint of the model as it is now, at ``place``, written to --save in the background; the "saved"
-        record (with ``record``'s fields) goes to the parent once it is on disk."""
+        record (with ``record``'s fields) goes to the parent once it is on disk. ``given``: the entries that are
+        host copies made for this save (every rank's own part), written without another copy."""
         saved = {"event": "saved", "epoch": place.epoch, "step": place.step, "path": self.config.save, **record}
         self.saver.save(self.config.save, layout(self.model.state_dict(), optimizer, place, generators, scales, ranks,
-                                                 self.config.to_dict()), done=lambda: self.ctx.send(saved))
+                                                 self.config.to_dict()), done=lambda: self.ctx.send(saved), given=given)
 
     def finite(self, alone: bool = False) -> bool:
         """Whether every rank's parameters are finite (one all-reduce of a flag; ``alone``: this rank's only):

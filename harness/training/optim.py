@@ -82,12 +82,16 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """``optimizer.load_state_dict(saved)``, keeping this run's implementation. torch takes every group
     setting from the saved state, so a checkpoint written by a foreach run would resume as foreach
     whatever --optimizer-impl says; and a fused or capturable update wants its step count on the
-    parameters' device, in float32, where a CPU-written checkpoint has it on the host."""
+    parameters' device, in float32, where a CPU-written checkpoint has it on the host. Host tensors are
+    copied: torch keeps a tensor already on the right device as the state itself, and one of a memory-mapped
+    checkpoint would keep the file mapped (its disk space held after the next save replaces it)."""
     import torch
 
     kept = [{k: group[k] for k in ("foreach", "fused", "capturable") if k in group} for group in optimizer.param_groups]
     rates = [group["lr"] for group in optimizer.param_groups]
-    optimizer.load_state_dict(saved)
+    state = {key: {name: value.clone() if torch.is_tensor(value) and value.device.type == "cpu" else value
+                   for name, value in values.items()} for key, values in saved["state"].items()}
+    optimizer.load_state_dict({**saved, "state": state})
     for group, settings, rate in zip(optimizer.param_groups, kept, rates):
         group.update(settings)
         if torch.is_tensor(rate):       # the device tensor a graph reads, given the saved value
