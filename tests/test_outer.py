@@ -172,7 +172,8 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     saved = load_checkpoint(checkpoint)
     assert [p[:3] for p in saved["ranks"][0]["pending"]] == [(step % 8 // 4, step, step + 2)]
     # rank 0's AdamW state is in the file once: the top level's is its own part's, the same storage
-    assert [len(part["optimizer"]["state"]) for part in saved["ranks"]] == [len(saved["optimizer"]["state"])] * 2 > [0]
+    sizes = [len(part["optimizer"]["state"]) for part in saved["ranks"]]
+    assert sizes == [len(saved["optimizer"]["state"])] * 2 and sizes[0] > 0
     assert all(state["exp_avg"].untyped_storage().data_ptr() == own["exp_avg"].untyped_storage().data_ptr()
                for state, own in zip(saved["optimizer"]["state"].values(), saved["ranks"][0]["optimizer"]["state"].values()))
     results, straight = run_train(tmp_path, *flags, name="straight")
