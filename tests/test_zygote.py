@@ -75,13 +75,21 @@ def test_the_zygote_and_its_children_end_with_a_killed_parent(tmp_path):
         run.kill()
 
 
-def test_a_zygote_of_another_environment_with_no_child_left_ends_when_the_next_one_starts():
+def zygote_of(parent, preload: str) -> int:
+    """The pid of the zygote that forks a child preloading ``preload`` (each module: an environment of its own)."""
+    kids = parent.fork(1, preload=[preload])
+    kids.exec(lambda ctx: os.getppid())
+    [pid] = kids.wait()
+    kids.stop()             # its child gone: the zygote is idle
+    return pid
+
+
+def test_idle_zygotes_of_other_environments_stay_warm_up_to_kept_and_the_least_recently_used_ends(monkeypatch):
+    monkeypatch.setattr(zygote, "KEPT", 2)
     with Parent() as parent:
-        kids = parent.fork(1, preload=["json"])
-        kids.exec(lambda ctx: os.getppid())
-        [first] = kids.wait()
-        kids.stop()
-        kids = parent.fork(1, preload=["csv"])      # another environment: the idle zygote is closed
-        kids.exec(lambda ctx: os.getppid())
-        [second] = kids.wait()
-    assert first != second and not alive(first)
+        first = zygote_of(parent, "json")
+        second = zygote_of(parent, "csv")
+        assert zygote_of(parent, "json") == first and alive(second)     # json's again: used last now
+        third = zygote_of(parent, "wave")           # a third environment: csv's, used least recently, ends
+    assert len({first, second, third}) == 3
+    assert wait_gone([second], 5.0) == [] and alive(first) and alive(third)

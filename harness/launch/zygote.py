@@ -8,8 +8,8 @@ behind it) is ready at once, and a process that forks many groups (a test sessio
 torch once. Nothing touches CUDA, threads or sockets in the zygote before it forks, so a child is
 as clean as a fresh interpreter for everything CUDA, NCCL and ZeroMQ will do.
 
-The parent's side (``Zygote``, one per set of preloads and environment, kept for the life of the
-process: ``for_environment``) and the zygote (``main``, in a ``python -c`` of its own)
+The parent's side (``Zygote``, one per set of preloads and environment, kept warm for the life of
+the process, ``KEPT`` at most: ``for_environment``) and the zygote (``main``, in a ``python -c`` of its own)
 talk over a Unix socket pair of datagrams (SOCK_SEQPACKET): each request is one JSON message (the
 child's environment and working directory) with the child's stdout and stderr passed along as file
 descriptors; the zygote answers ``{"started": pid}`` in request order and later ``{"exited": pid,
@@ -189,21 +189,26 @@ class Zygote:
             child._set(returncode=child.returncode if child.returncode is not None else 1)
 
 
-_zygotes: dict[tuple, Zygote] = {}
+_zygotes: dict[tuple, Zygote] = {}        # least recently used first
 _registry = threading.Lock()
+KEPT = 4            # zygotes kept warm at most: idle ones beyond this end, least recently used first
 
 
 def for_environment(env: Mapping[str, str]) -> Zygote:
     """The zygote for children of ``env`` (its preloads and import-time variables), started on first
-    use; zygotes of other environments with no child left are closed."""
+    use. Idle zygotes of other environments stay warm, up to ``KEPT`` zygotes in all: a process that
+    alternates environments (a sweep, a test session) does not import torch again for each group,
+    and one that tries many does not keep an interpreter for each."""
     key = tuple(sorted(_at_import(env).items()))
     with _registry:
-        zygote = _zygotes.get(key)
+        zygote = _zygotes.pop(key, None)
         if zygote is None or zygote.process.poll() is not None:
-            for other in [k for k, z in _zygotes.items() if z.live_children() == 0]:
-                _zygotes.pop(other).close()
-            zygote = _zygotes[key] = Zygote({k: v for k, v in env.items()       # no run's key or endpoint
-                                             if not k.startswith("HARNESS_") or k in AT_IMPORT})
+            zygote = Zygote({k: v for k, v in env.items()       # no run's key or endpoint
+                             if not k.startswith("HARNESS_") or k in AT_IMPORT})
+        _zygotes[key] = zygote
+        idle = [k for k, z in _zygotes.items() if k != key and z.live_children() == 0]
+        for other in idle[:max(0, len(_zygotes) - KEPT)]:
+            _zygotes.pop(other).close()
         return zygote
 
 
