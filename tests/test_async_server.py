@@ -797,15 +797,13 @@ def test_a_killed_worker_is_replaced_in_place_from_its_last_applied_push_and_the
     rejoins the server and goes on from the place of its predecessor's last applied push, which is all that is kept of
     it: what it had been granted beyond that goes back to the budget, so the updates applied add up to N x T exactly
     and the run ends with status 0, without a restart. Rank 0 is no different, and so is a death while the workers
-    save: each sends its part to the parent (which writes the checkpoint) and trains on, waiting for no other. At
-    S = 1 the fast rank 0 runs nearly all of the budget: a longer run, and an earlier kill, keep it from the end."""
-    flags = ["--mode", "async", "--max-staleness", staleness, *SERVED, *SLOWED, "--max-steps", str(steps),
+    save: each sends its part to the parent (which writes the checkpoint) and trains on, waiting for no other. The
+    killed worker SIGKILLs itself at its update ``after`` + 1: at S = 1 the fast rank 0 runs nearly all of the budget,
+    and a kill from outside, under load, once came after it had spent it (no heal was needed)."""
+    slowed = json.dumps({"delay": 0.05, "rank": 1, "kill": [killed, after + 1]})
+    flags = ["--mode", "async", "--max-staleness", staleness, *SERVED, *SLOWED[:-1], slowed, "--max-steps", str(steps),
              "--save-every-steps", "8", "--max-restarts", "1"]
-    process = start_train(tmp_path, *flags)
-    records = wait_for_record(process, tmp_path, lambda records: any(
-        r["event"] == "outer_sync" and r["rank"] == killed and r["step"] >= after for r in records))
-    os.kill(workers_of(process)[killed], signal.SIGKILL)
-    status, err, left, _ = finish(process, tmp_path)
+    status, err, left, _ = finish(start_train(tmp_path, *flags), tmp_path)
     assert status == 0, err
     records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
     assert not [r for r in records if r["event"] == "restart"]

@@ -173,7 +173,7 @@ class Server:
         ctx.rank, ctx.generation, ctx.gpu = place["rank"], place["generation"], place["gpu"] or None
         ctx.replacing = {"generation": ctx.generation, "replaced": ctx.rank}
         timeline.mark(ctx.marks, "assumed")
-        os.environ["HARNESS_RANK"] = str(ctx.rank)
+        os.environ.update(HARNESS_RANK=str(ctx.rank), HARNESS_GENERATION=str(ctx.generation))
 
     def _abort(self, reason: str) -> None:
         self.aborted = reason

@@ -22,11 +22,13 @@ HANG_FLAGS = ["--heartbeat-timeout", "3"]
 
 class Slow(torch.nn.Linear):
     """``ballast``: that many floats of an unused buffer, which make its checkpoints slow to write; ``term_at``:
-    at that training forward, SIGTERM to this process's group (Train.py and its workers, as Ctrl-C does)."""
+    at that training forward, SIGTERM to this process's group (Train.py and its workers, as Ctrl-C does);
+    ``kill_at``: at that training forward, SIGKILL to this worker alone."""
 
-    def __init__(self, inputs: int, outputs: int, delay: float, ballast: int = 0, term_at: int | None = None):
+    def __init__(self, inputs: int, outputs: int, delay: float, ballast: int = 0, term_at: int | None = None,
+                 kill_at: int | None = None):
         super().__init__(inputs, outputs)
-        self.delay, self.term_at, self.forwards = delay, term_at, 0
+        self.delay, self.term_at, self.kill_at, self.forwards = delay, term_at, kill_at, 0
         if ballast:
             self.register_buffer("ballast", torch.zeros(ballast))
 
@@ -35,12 +37,19 @@ class Slow(torch.nn.Linear):
         self.forwards += self.training
         if self.training and self.forwards == self.term_at:
             os.killpg(0, signal.SIGTERM)
+        if self.training and self.forwards == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         return super().forward(x.flatten(1))
 
 
-def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, term_at: int | None = None) -> Slow:
+def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, term_at: int | None = None,
+          kill: tuple[int, int] | None = None) -> Slow:
     """``rank``: only that worker is slow (a host of unequal speed, for --mode async); the others take no delay.
-    ``term_at``: rank 0 sends the SIGTERM (see Slow)."""
+    ``term_at``: rank 0 sends the SIGTERM (see Slow). ``kill``: (rank, forward): that rank's first worker SIGKILLs
+    itself at that training forward, a death at a known point of its run however loaded the machine is (its
+    replacement, of a later generation, does not)."""
     mine = os.environ.get("HARNESS_RANK")
     slow = rank is None or mine is not None and int(mine) == rank
-    return Slow(64, info.num_classes, delay if slow else 0.0, ballast, term_at if mine == "0" else None)
+    first = os.environ.get("HARNESS_GENERATION", "0") == "0"
+    kill_at = kill[1] if kill and mine == str(kill[0]) and first else None
+    return Slow(64, info.num_classes, delay if slow else 0.0, ballast, term_at if mine == "0" else None, kill_at)
