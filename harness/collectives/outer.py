@@ -216,7 +216,8 @@ class OuterSynchroniser(Synchroniser):
         """This rank's part of a checkpoint, on the host (exchanges in flight waited for, not applied)."""
         return {"params": host(self.flat.params), "anchor": host(self.anchor), "momentum": host(self.momentum),
                 "residual": host(self.residual),
-                "pending": [(e.fragment, e.launched, e.apply_at, e.average().to("cpu", copy=True), e.nbytes) for e in self.pending]}
+                "pending": [(e.fragment, e.launched, e.apply_at, e.average().to("cpu", copy=True), e.nbytes)
+                            for e in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pairs = [(self.flat.params, state["params"]), (self.anchor, state["anchor"]), (self.residual, state["residual"])]

@@ -9,7 +9,8 @@ runs each exec and reports its outcome. The verbs' blocking waits (``take``, ``e
 
 The wire protocol (each message is (kind, id, payload), signed: harness/control/wire.py):
 parent -> child: ("exec", id, (fn, args, kwargs)), ("data", id, obj), ("join", id, msg),
-("exchange", tag, values) (to rank ``to`` alone, where one is named), ("reply", id, answer), ("abort", id, reason), ("heal", id, notice), ("stop", None, None);
+("exchange", tag, values) (to rank ``to`` alone, where one is named), ("reply", id, answer), ("abort", id, reason),
+("heal", id, notice), ("stop", None, None);
 to remote children also ("heartbeat", None, None) and ("signal", None, signum); to a warm spare
 ("assume", None, {"rank", "generation", "gpu"}), which makes it the replacement of that rank.
 Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once they are imported,

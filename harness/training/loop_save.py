@@ -73,7 +73,8 @@ class Saving:
             else ranks[0]["optimizer"] if ranks else self.optimizer.state_dict() if self.lead else None
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
-                self.write(s.where(), optimizer, generators, scales, ranks, given=("optimizer", "ranks") if ranks else ())
+                self.write(s.where(), optimizer, generators, scales, ranks,
+                           given=("optimizer", "ranks") if ranks else ())
         s.saved_at = s.step
 
     def own_part(self, local: dict) -> dict:
