@@ -12,32 +12,39 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .cifar10 import load_cifar10
-from .custom import open_custom
-from .digits import load_digits
-from .imagefolder import open_imagefolder, validation_source
-from .mnist import load_mnist
-from .oddeven import decode_oddeven, load_oddeven
-from .split import DataError, DataInfo, Split
-from .synthetic import describe_synthetic, load_synthetic
-from .tokens import open_tokens
+from harness.plugins import imported_on_call
+
+if TYPE_CHECKING:
+    from .split import DataInfo, Split
 
 __all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Facts", "Split", "check_data", "dataset_names",
            "decode_oddeven", "describe_test", "load_dataset", "open_data"]
 
-DATASETS: dict[str, Callable[..., tuple[Split, Split]]] = {
-    "cifar10": load_cifar10,
-    "digits": load_digits,
-    "mnist": load_mnist,
-    "oddeven": load_oddeven,
-    "synthetic": load_synthetic,
+# name -> (module, loader); each loader is imported (with torch) at its first call
+DATASETS: dict[str, Callable[..., tuple[Any, Any]]] = {
+    name: imported_on_call(f"{__name__}.{module}", loader) for name, (module, loader) in {
+        "cifar10": ("cifar10", "load_cifar10"),
+        "digits": ("digits", "load_digits"),
+        "mnist": ("mnist", "load_mnist"),
+        "oddeven": ("oddeven", "load_oddeven"),
+        "synthetic": ("synthetic", "load_synthetic"),
+    }.items()
 }
 STREAMED: dict[str, Callable[..., tuple[Any, Any]]] = {
-    "imagefolder": open_imagefolder,
-    "tokens": open_tokens,
+    "imagefolder": imported_on_call(f"{__name__}.imagefolder", "open_imagefolder"),
+    "tokens": imported_on_call(f"{__name__}.tokens", "open_tokens"),
 }
+_ELSEWHERE = {"DataError": "split", "DataInfo": "split", "Split": "split", "decode_oddeven": "oddeven"}
+
+
+def __getattr__(name: str) -> Any:
+    """The containers and helpers of the submodules, imported (with torch) at their first use."""
+    if name not in _ELSEWHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"{__name__}.{_ELSEWHERE[name]}"), name)
 
 
 @dataclass
@@ -80,6 +87,7 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **option
 def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
               **options) -> Data:
     """The run's splits: in-memory ones hold out the last ``val_fraction`` of train for validation."""
+    from .split import Split
     if name in DATASETS:
         train, test = load_dataset(name, data_dir, seed, **options)
         cut = len(train) - int(len(train) * val_fraction)
@@ -90,6 +98,7 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
     if name in STREAMED:
         train, val = STREAMED[name](data_dir, seed=seed, val_fraction=val_fraction, **options)
     elif ":" in name:
+        from .custom import open_custom
         train, val = open_custom(name, data_dir, **options)
     else:
         raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}, "
@@ -102,7 +111,9 @@ def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fracti
     """The data's facts without loading a streamed dataset: it is scanned and the first sample of each split
     that loads is decoded (up to ``max_bad_samples`` before it are skipped, named on stderr, as training skips
     them); synthetic data is described, not generated. Raises one-line errors."""
+    from .split import DataError
     if name == "synthetic":
+        from .synthetic import describe_synthetic
         info, size = describe_synthetic(**options)
         return Facts(info, size - int(size * val_fraction), val_fraction > 0, None)
     data = open_data(name, data_dir, seed, val_fraction, **options)
@@ -128,6 +139,7 @@ def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fracti
 def describe_test(name: str, data_dir: str | None = None, val_fraction: float = 0.0) -> str:
     """What validation and Test.py evaluate, in words, without opening the data."""
     if name == "imagefolder":
+        from .imagefolder import validation_source
         return validation_source(data_dir, val_fraction)
     if name == "tokens":
         return f"{data_dir}/val.bin"

@@ -99,8 +99,9 @@ class Children:
         """The hosts the group runs on, in rank order, each once."""
         return list(dict.fromkeys(self._hosts))
 
-    def exec(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once."""
+    def exec(self, fn: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> None:
+        """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once. ``fn`` may
+        be a ``"package.module:function"`` name the children import: the parent need not import its module."""
         self._watch.raise_if_failed()
         call = (fn, args, kwargs)
         # The socket thread handles messages under the link's lock: one of the last exec is then handled as the

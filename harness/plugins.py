@@ -1,4 +1,5 @@
-"""``package.module:factory`` names, the way users plug their own models and datasets in."""
+"""``package.module:factory`` names, the way users plug their own models and datasets in; registries'
+factories imported at their first call."""
 from __future__ import annotations
 
 import importlib
@@ -37,3 +38,12 @@ def unimportable(spec: str, what: str) -> str | None:
         return None
     return (f"the {what} '{spec}' comes from module '{module}', which cannot be imported here{reason}; run from "
             f"the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)")
+
+
+def imported_on_call(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported at its first call. The model and dataset registries list their factories this
+    way: checking a name imports nothing (Train.py's parent checks names and never imports torch)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call

@@ -1,28 +1,27 @@
-"""Model registry: every factory takes a datasets.DataInfo plus options and returns logits-producing nn.Module."""
+"""Model registry: every factory takes a datasets.DataInfo plus options and returns logits-producing nn.Module.
+Each is imported (with torch) at its first call: the registry's names cost nothing to check."""
+from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+from harness.plugins import import_factory, imported_on_call
 
-from harness.plugins import import_factory
-
-from .cnn import cnn
-from .gpt import gpt
-from .huggingface import hf_causal_lm
-from .mlp import mlp, oddeven
-from .resnet import resnet18, resnet50
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MODELS", "build_model", "loss_fn", "model_names"]
 
 MODELS: dict[str, Callable[..., torch.nn.Module]] = {
-    "cnn": cnn,
-    "gpt": gpt,
-    "hf-causal-lm": hf_causal_lm,
-    "mlp": mlp,
-    "oddeven": oddeven,
-    "resnet18": resnet18,
-    "resnet50": resnet50,
+    name: imported_on_call(f"{__name__}.{module}", factory) for name, (module, factory) in {
+        "cnn": ("cnn", "cnn"),
+        "gpt": ("gpt", "gpt"),
+        "hf-causal-lm": ("huggingface", "hf_causal_lm"),
+        "mlp": ("mlp", "mlp"),
+        "oddeven": ("mlp", "oddeven"),
+        "resnet18": ("resnet", "resnet18"),
+        "resnet50": ("resnet", "resnet50"),
+    }.items()
 }
 
 
@@ -44,4 +43,5 @@ def build_model(name: str, info, **options) -> torch.nn.Module:
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the last dim, so (N, C)/(N,) and (N, T, V)/(N, T) share one code path."""
+    import torch.nn.functional as F
     return F.cross_entropy(output.flatten(0, -2), target.flatten())

@@ -44,6 +44,18 @@ def test_context_fields(kids):
     assert kids.wait() == [(r, 3, "cpu", None) for r in range(3)]
 
 
+def times_rank(ctx, k):
+    return ctx.rank * k
+
+
+def test_exec_by_name_imports_the_function_in_the_children_and_a_bad_name_is_their_error(kids):
+    kids.exec("tests.test_control_plane:times_rank", 3)
+    assert kids.wait() == [0, 3, 6]
+    kids.exec("tests.no_such_module:times_rank")
+    with pytest.raises(ChildError, match="cannot import module 'tests.no_such_module'"):
+        kids.wait()
+
+
 def test_yield_join_loop_until_break(kids):
     def loop(ctx):
         count = 0

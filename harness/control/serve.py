@@ -19,6 +19,7 @@ Child -> parent: ("hello", None, ready: no preloads), ("ready", None, None) once
 ("result", id, value),
 ("error", id, traceback_text). Ids are exec ids: what a failed exec left behind is dropped
 rather than mistaken for the next exec's. Exchange tags carry the exec id for the same reason.
+An exchange's values travel sealed (``wire.Sealed``): the parent relays them unopened.
 Either side turns an authentic message it cannot decode into an error for the current exec.
 A "stop" that arrives while a function runs aborts it: the parent is ending the run.
 The parent's side is harness/control/mailbox.py (what arrives) and supervise.py (what it sends).
@@ -38,7 +39,8 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from . import timeline
+from ..plugins import import_factory
+from . import timeline, wire
 from .endpoint import secure
 from .errors import PeerFailed
 from .lifeline import Lifeline
@@ -109,10 +111,11 @@ class Server:
         return None at once, and ``to`` sends no value, keeping its own in the list (it never travels)."""
         tag = f"{self.exec_id}.{self.ctx.generation}/{tag}"
         root = to == self.ctx.rank
-        self.link.send(("exchange", tag, (ranks, None if root else value, to)))
+        self.link.send(("exchange", tag, (ranks, None if root else wire.Sealed.of(value), to)))
         if to is not None and not root:
             return None
-        values = self.link.wait_for(lambda: self._check_abort() or self.exchanges.pop(tag, None))
+        sealed = self.link.wait_for(lambda: self._check_abort() or self.exchanges.pop(tag, None))
+        values = [None if v is None else v.open() for v in sealed]
         if root:
             values[(ranks or list(range(self.ctx.world_size))).index(to)] = value
         return values
@@ -225,6 +228,7 @@ class Server:
         self.inbox["reply"].clear()
         self._running = True
         try:
+            fn = import_factory(fn, "exec", "(ctx, *args, **kwargs)") if isinstance(fn, str) else fn
             outcome = ("result", fn(self.ctx, *args, **kwargs))
         except BaseException:
             outcome = ("error", traceback.format_exc())

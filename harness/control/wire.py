@@ -127,6 +127,25 @@ def dumps(obj: Any) -> list[Any]:
     return [stream.getbuffer(), *buffers]
 
 
+class Sealed:
+    """A value pickled by its sender for another child: the parent relays exchanges between children without
+    opening them, so it never imports what they hold (torch, for a checkpoint's random generators). Its frames
+    travel out of band in the message that carries it."""
+
+    def __init__(self, frames: Sequence[Any]):
+        self.frames = list(frames)
+
+    @classmethod
+    def of(cls, value: Any) -> "Sealed":
+        return cls(dumps(value))
+
+    def open(self) -> Any:
+        return pickle.loads(self.frames[0], buffers=self.frames[1:])
+
+    def __reduce__(self) -> tuple:
+        return Sealed, ([pickle.PickleBuffer(frame) for frame in self.frames],)
+
+
 def pack(key: bytes, obj: Any) -> list[Any]:
     header, *buffers = dumps(obj)
     return [sign(key, [header, *buffers]) + header, *buffers]

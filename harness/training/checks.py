@@ -7,7 +7,8 @@ run and does the rest while they import torch:
 - ``plan_workers(config)``: where the workers run and how many (no torch, no files);
 - ``check_flags(config)``: every field's own range and the rules across fields (no files);
 - ``check_inputs(config)``: the data's cheap facts, the model on the meta device, the checkpoint to
-  resume; fills in ``samples``.
+  resume; fills in ``samples``. Train.py's parent imports no torch for it: its rank 0 worker runs this
+  stage (``check_inputs_in``), on the host that reads the data and writes the checkpoint.
 
 ``resolve(config)`` runs the first two and returns the config with the decided fields filled in.
 Each failure is a ``ConfigError`` whose text is the one line Train.py prints.
@@ -207,11 +208,10 @@ def check_outputs(config: TrainConfig) -> None:
 
 
 def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
-    """Each field's own rule (RULES), then the rules across fields (fast: no data is read). Returns the
-    config with ``momentum``, ``data_workers`` and ``cuda_graph`` decided."""
+    """Each field's own rule (RULES), then the rules across fields (fast: no data is read, and no torch
+    imported). Returns the config with ``momentum`` and ``cuda_graph`` decided."""
     from harness.checkout.datasets import dataset_names, is_known
     from harness.checkout.models import MODELS
-    from harness.data.pipeline import default_data_workers
     if not is_known(config.dataset):
         raise ConfigError(f"unknown dataset '{config.dataset}'; valid names: {', '.join(dataset_names())}, "
                           "or package.module:factory")
@@ -232,9 +232,7 @@ def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
                       config.optimizer_impl)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return config.replace(
-        momentum=momentum,
-        data_workers=config.data_workers if config.data_workers is not None else default_data_workers(config.workers))
+    return config.replace(momentum=momentum)
 
 
 def check_across(config: TrainConfig, gpus: list[int]) -> None:
@@ -370,10 +368,12 @@ def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:
 
 def check_inputs(config: TrainConfig) -> TrainConfig:
     """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
-    device); returns the config with ``samples`` filled in. Train.py runs them while its workers start."""
+    device); returns the config with ``samples`` and ``data_workers`` (this host's cores shared out) decided."""
+    from harness.data.pipeline import default_data_workers
     from harness.resilience.checkpoint import CheckpointError, check_writable, load_checkpoint
     samples, validated = _check_data_and_model(config)
-    config = config.replace(samples=samples)
+    config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
+                            else default_data_workers(config.workers))
     check_early_stop(config, validated)
     try:
         if config.save:
@@ -384,6 +384,17 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     if saved:
         _check_resumable(config, saved)
     return config
+
+
+def check_inputs_in(ctx: Any, config: TrainConfig) -> TrainConfig | str | None:
+    """``check_inputs`` as a worker's exec (rank 0's; the others return None at once): the checked config, or
+    the line of the ConfigError it raised."""
+    if ctx.rank != 0:
+        return None
+    try:
+        return check_inputs(config)
+    except ConfigError as e:
+        return str(e)
 
 
 def check_early_stop(config: TrainConfig, validated: bool) -> None:
@@ -416,9 +427,9 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
 
 
 def trained(config: TrainConfig, saved: dict) -> tuple[int, int, str]:
-    """(the updates checkpoint ``saved`` has trained, the updates a checked ``config`` trains in all, and how they
-    count: "", or in async mode " by N workers together", where the budget is every worker's together and a fast
-    worker runs more than its share)."""
+    """(the updates checkpoint ``saved`` has trained (outside async mode its "saved" record will do), the updates a
+    checked ``config`` trains in all, and how they count: "", or in async mode " by N workers together", where the
+    budget is every worker's together and a fast worker runs more than its share)."""
     total = config.total_updates(config.steps_per_epoch())
     served = (saved.get("ranks") or [{}])[0].get("server") if config.mode == "async" else None
     if served:

@@ -1,9 +1,10 @@
 """Run a TrainConfig from the parent: start the workers, check, train, show progress.
 
 This is Train.py's body and the Python API (``harness.training.run``). The workers start as soon as
-it is known where they run; the parent imports torch and checks the other fields and the files
-meanwhile (harness/training/checks.py), so a bad input still fails before any worker trains, and a
-good one does not wait for the checks. A worker that dies or hangs is healed in place or restarts
+it is known where they run; the parent checks the other fields meanwhile, and rank 0 checks the files
+and the model as its first exec (harness/training/checks.py), so a bad input still fails before any
+worker trains. The parent imports no torch, so its CPU goes to the workers' start (it does to read a
+checkpoint: --resume's config, and in async mode for its parameter server and the checkpoints it writes). A worker that dies or hangs is healed in place or restarts
 the group from the last checkpoint, ``max_restarts`` times in all (harness/resilience/recovery.py).
 Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher
 (harness/training/nodes.py).
@@ -24,7 +25,7 @@ from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery
-from harness.training.checks import check_flags, check_inputs, check_outputs, plan_workers, trained
+from harness.training.checks import check_flags, check_inputs_in, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.training.nodes import nodes
@@ -53,7 +54,7 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), workers(config, gpus, launcher) as kids:
             timeline.mark(marks, "forked")
-            config = check_inputs(check_flags(config, gpus))
+            config = checked_by(kids, check_flags(config, gpus))
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
@@ -62,6 +63,16 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         if launcher is not None:        # the other nodes end as this one does
             launcher.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
         return results
+
+
+def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
+    """``config`` with the checks that read files and build the model made by ``kids``' rank 0
+    (``check_inputs_in``); ConfigError if one failed."""
+    kids.exec(check_inputs_in, config)
+    checked = kids.wait()[0]
+    if isinstance(checked, str):
+        raise ConfigError(checked)
+    return checked
 
 
 @contextlib.contextmanager
@@ -157,7 +168,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
             return run_group(attempt_config, kids, marks, interrupts, progress, recovery, steps_per_epoch)
 
     try:
-        results = ended_anyway(config, recovery.run(attempt), progress.saved)
+        results = ended_anyway(config, recovery.run(attempt), progress.last_saved)
         log.write({"time": time.time(), "event": "startup", "parent": marks,
                    "workers": [r["marks"] for r in results]})
     finally:
@@ -174,15 +185,17 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     return results
 
 
-def ended_anyway(config: TrainConfig, results: list[dict], saved: str | None) -> list[dict]:
+def ended_anyway(config: TrainConfig, results: list[dict], saved: dict | None) -> list[dict]:
     """A signal that stopped the run at its last updates stopped nothing: the checkpoint this run wrote last
-    (``saved``; not a file an earlier run left at --save) holds the whole run, and a --resume would find nothing
-    left to train. Such a run is finished (Train.py exits 0), not stopped."""
+    (``saved``, its record; not a file an earlier run left at --save) holds the whole run, and a --resume would
+    find nothing left to train. Such a run is finished (Train.py exits 0), not stopped."""
     signum = results[0]["interrupted"]
     if not signum or saved is None:
         return results
-    from harness.resilience.checkpoint import load_checkpoint      # torch: the parent imports it late
-    done, total, every = trained(config, load_checkpoint(saved))
+    if config.mode == "async":      # every worker's updates count, which only the file holds (torch: the async
+        from harness.resilience.checkpoint import load_checkpoint      # parent's server imported it already)
+        saved = load_checkpoint(saved["path"])
+    done, total, every = trained(config, saved)
     if done < total:
         return results
     print(f"{signal.Signals(signum).name} came as the run ended: it trained its {total} updates{every}")
@@ -195,12 +208,9 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
     place when a worker dies, if it may be; otherwise the failure ends the group (stopped). --mode async:
     the parent serves the parameter server (its records, outer_sync and the workers' validations, logged
     as rank 0's records come, before them), which a dead worker's replacement rejoins."""
-    from harness.collectives.shared import SharedAreas
-    from harness.resilience.gathered import GatheredCheckpoints
-    from harness.training.build import make_server
-    from harness.training.loop import train_worker
-    server = make_server(config, steps_per_epoch) if config.mode == "async" else None
+    server = async_server(config, steps_per_epoch)
     if server is not None:
+        from harness.resilience.gathered import GatheredCheckpoints
         kids.serve("server", server.handle)
         served = Served(server, progress, GatheredCheckpoints(config.save) if config.save else None,
                         lambda healed: {**recovery.healed(healed), "pids": kids.pids})
@@ -208,7 +218,7 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         interrupts.watch(kids)
     kids.watch_silence(progress.silent)
     try:
-        kids.exec(train_worker, config)
+        kids.exec("harness.training.loop:train_worker", config)
         progress.handle({"event": "workers", "pids": kids.pids, "hosts": kids.hosts})
         while True:
             try:
@@ -234,8 +244,17 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         raise
     finally:
         if server is not None:
+            from harness.collectives.shared import SharedAreas
             served.log(everything=True)         # what the workers reported and saved last, also before an error
             SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
+
+
+def async_server(config: TrainConfig, steps_per_epoch: int) -> Any:
+    """--mode async: the parameter server the parent serves (it imports torch for it); None in other modes."""
+    if config.mode != "async":
+        return None
+    from harness.training.build import make_server
+    return make_server(config, steps_per_epoch)
 
 
 class Served:

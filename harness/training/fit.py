@@ -1,5 +1,5 @@
-"""Model and data checked together, in the parent, before any worker trains: one batch of two training
-samples through the model and the loss.
+"""Model and data checked together, by rank 0 as its first exec, before any worker trains: one batch of two
+training samples through the model and the loss.
 
 A model built for other data fails only once it meets a batch (a token model fed images, an MLP fed
 token ids: "mat1 and mat2 must have the same dtype"), and in every worker, in a traceback. Here the
@@ -7,11 +7,12 @@ same failure is one line naming both flags.
 
 Where the batch runs: a model of at most FAST_LIMIT parameters on real weights on the CPU. A larger one
 on the meta device first, which allocates nothing and reads no value: building GPT-2 124M on the CPU and
-running two samples took the parent 6.8 s of the 2-core machine, and held the workers' first step back by
-4.7-6.5 s on the GPU host. A model that passes there has passed; a failure there may be the meta device's
-own (``.item()``, a CPU tensor kept by the model, an operation without a meta kernel: Hugging Face's
-GPT-2 and Llama fail so), so it is refused only once real weights on the CPU fail too. A model of more
-than REAL_LIMIT parameters is never built on the parent's CPU: a failure on the meta device is then left
+running two samples took 6.8 s of the 2-core machine, and held the workers' first step back by 4.7-6.5 s
+on the GPU host (measured when the parent made this check). A model that passes there has passed; a
+failure there may be the meta device's own (``.item()``, a CPU tensor kept by the model, an operation
+without a meta kernel: Hugging Face's GPT-2 and Llama fail so), so it is refused only once real weights
+on the CPU fail too. A model of more
+than REAL_LIMIT parameters is never built on the CPU here: a failure on the meta device is then left
 to the workers to report. Of what depends on values, targets beyond the model's classes or vocabulary
 are checked apart on the meta device (``targets_beyond``); an input token id beyond the embedding is left
 to the workers.
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from harness.checkout.datasets import DataInfo
 
 FAST_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device first
-REAL_LIMIT = 200_000_000        # parameters: above this it never runs on real weights in the parent
+REAL_LIMIT = 200_000_000        # parameters: above this it never runs on real weights here
 SAMPLES = 2
 
 

@@ -22,7 +22,12 @@ class Progress:
         self.total = config.total_updates(steps_per_epoch)
         self.epochs = -(-self.total // steps_per_epoch)
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
-        self.saved: str | None = None      # the last checkpoint this run wrote
+        self.last_saved: dict | None = None     # the "saved" record of the last checkpoint this run wrote
+
+    @property
+    def saved(self) -> str | None:
+        """The last checkpoint this run wrote."""
+        return self.last_saved["path"] if self.last_saved else None
 
     def silent(self, rank: int, seconds: float | None) -> None:
         """A worker silent for a third of the heartbeat timeout (``seconds``), or heard again (None)."""
@@ -60,7 +65,7 @@ class Progress:
                           f", validation loss {val_loss:.4f}" if val_loss is not None else "")
                        + f" ({record['seconds']:.1f} s)")
         elif event == "saved":
-            self.saved = record["path"]
+            self.last_saved = record
             if record.get("salvaged"):
                 tqdm.write(f"a host was lost: a survivor saved update {record['step']} to {record['path']}, "
                            "which the run resumes from when it is started again")
