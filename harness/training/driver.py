@@ -4,8 +4,9 @@ This is Train.py's body and the Python API (``harness.training.run``). The worke
 it is known where they run; the parent checks the other fields meanwhile, and rank 0 checks the files
 and the model as its first exec (harness/training/checks.py), so a bad input still fails before any
 worker trains. The parent imports no torch, so its CPU goes to the workers' start (it does to read a
-checkpoint: --resume's config, and in async mode for its parameter server and the checkpoints it writes). A worker that dies or hangs is healed in place or restarts
-the group from the last checkpoint, ``max_restarts`` times in all (harness/resilience/recovery.py).
+checkpoint: --resume's config, and in async mode for its parameter server and the checkpoints it writes).
+A worker that dies or hangs is healed in place or restarts the group from the last checkpoint,
+``max_restarts`` times in all (harness/resilience/recovery.py).
 Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher
 (harness/training/nodes.py).
 """
