@@ -33,7 +33,7 @@ from tests.helpers.batchnorm_model import SPEC as BATCHNORM_MODEL
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import wait_gone
 from tests.helpers.runs import finish, interrupt, start_train, wait_for_record, workers_of
-from tests.helpers.training import cli, flat_params, run_train, train_error
+from tests.helpers.training import cli, flat_params, run_test_py, run_train, train_error
 
 
 class Clock:
@@ -614,7 +614,7 @@ def test_with_one_worker_slowed_the_fast_one_runs_more_of_the_exact_budget_and_s
     assert [r["step"] for r in validations] == [r["updates"] // 2 for r in validations]
 
 
-def test_workers_that_train_on_under_their_push_spend_the_exact_budget_and_save_at_consistent_points(tmp_path):
+def test_workers_that_train_on_under_their_push_spend_the_exact_budget_and_save_at_consistent_points(tmp_path, capsys):
     """--outer-delay 2: each worker trains on under its push until the answer is there, 2 updates at most, except
     where it parks (the checkpoints every 10 updates' worth, the end): every update is pushed once, the budget is
     spent exactly, and the checkpoint is the anchor."""
@@ -630,8 +630,8 @@ def test_workers_that_train_on_under_their_push_spend_the_exact_budget_and_save_
     assert {0, 2} <= aheads <= {0, 1, 2}
     assert all(r["blocked_s"] > 0 for r in syncs)       # each worker's own stall, sent on; the server alone saw none
     assert len({r["checksum"] for r in results}) == 1          # parked at the end: every worker on the anchor
-    tested = cli("Test.py", "--checkpoint", str(saved), "--json")
-    assert tested.returncode == 0, tested.stderr
+    status, _, err = run_test_py(capsys, "--checkpoint", str(saved), "--json")
+    assert status == 0, err
 
 
 class Answers:
@@ -685,7 +685,7 @@ def test_a_worker_that_trained_on_under_its_push_lands_half_way_between_its_para
     assert torch.equal(worker.anchor[0], torch.full((8,), 30.0)) and torch.equal(flat.params[0], worker.anchor[0])
 
 
-def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_for_bit(tmp_path):
+def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_for_bit(tmp_path, capsys):
     """Every worker stops after its grant (K each at S = 0), parks, and rank 0 saves the server's anchor,
     momentum, version and budget spent with every rank's own state, int8 exchanges' rounding error that each
     worker carries into its next push among it (fp32 runs stop and resume so in the tests below)."""
@@ -700,9 +700,9 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
     pushed = {r["bytes"] for r in read_metrics(tmp_path / "straight" / "metrics.jsonl") if r["event"] == "outer_sync"}
     parameters = flat_params(straight).numel()
     assert max(pushed) < parameters * 1.01          # a byte an element
-    tested = cli("Test.py", "--checkpoint", str(resumed), "--json")        # its model is the server's anchor
-    assert tested.returncode == 0, tested.stderr
-    assert json.loads(tested.stdout.strip().splitlines()[-1])["accuracy"] > 0.5
+    status, out, err = run_test_py(capsys, "--checkpoint", str(resumed), "--json")     # the server's anchor
+    assert status == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["accuracy"] > 0.5
 
 
 def test_uneven_workers_stopped_by_sigterm_resume_each_from_its_own_update_and_spend_the_rest_of_the_budget(tmp_path):

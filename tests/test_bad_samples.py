@@ -21,7 +21,7 @@ from harness.resilience.checkpoint import load_checkpoint
 from harness.training import ConfigError
 from harness.training.checks import check
 from harness.training.metrics import read_metrics
-from tests.helpers.training import cli, flat_params, run_train, stop_and_resume
+from tests.helpers.training import flat_params, run_test_py, run_train, stop_and_resume
 
 CROP = {"crop": 16, "resize": 20}
 # Not next to one another in file order, so each is met only in its own place (a replacement is the next file).
@@ -125,7 +125,7 @@ def test_a_corrupt_first_file_is_skipped_by_the_check_unless_no_bad_sample_may_b
     assert "\n" not in str(error.value)
 
 
-def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_part(images, tmp_path):
+def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_part(images, tmp_path, capsys):
     root = damaged(images, tmp_path, {}, val=False)
     carved = [open_data("imagefolder", str(root), seed=seed, val_fraction=0.25, **CROP) for seed in (0, 0, 1)]
     paths = [({str(d.train.path(i)) for i in range(len(d.train))}, {str(d.val.path(i)) for i in range(len(d.val))})
@@ -138,9 +138,9 @@ def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_par
                         '{"crop": 16, "resize": 20}', "--val-fraction", "0.25", "--batch-size", "3", "--epochs", "1")
     validations = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["event"] == "validation"]
     assert len(validations) == 1 and 0 <= validations[0]["val_error"] <= 1
-    result = cli("Test.py", "--checkpoint", str(save), env={"CUDA_VISIBLE_DEVICES": ""})
-    assert result.returncode == 0, result.stderr
-    assert f"the validation part carved from {root / 'train'}/ (25%) (6 samples)" in result.stdout
+    status, out, err = run_test_py(capsys, "--checkpoint", str(save))
+    assert status == 0, err
+    assert f"the validation part carved from {root / 'train'}/ (25%) (6 samples)" in out
 
 
 def test_in_async_mode_every_worker_names_its_bad_samples_and_one_past_the_limit_stops_and_saves_the_run(

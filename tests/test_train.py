@@ -12,7 +12,7 @@ import Test
 import Train
 from harness.training import run
 from harness.resilience.checkpoint import load_checkpoint
-from tests.helpers.training import ROOT, cli, flat_params, run_train, train_error
+from tests.helpers.training import ROOT, cli, flat_params, run_test_py, run_train, train_error
 
 
 def test_train_then_test_end_to_end_from_another_directory_beside_a_huggingface_style_datasets_package(
@@ -145,18 +145,16 @@ def test_validation_split_smaller_than_the_worker_count(tmp_path):
 
 
 @pytest.mark.parametrize("flags", [["--batch-size", "0"], ["--cpu-workers", "-1"]])
-def test_test_py_rejects_bad_arguments(flags):
-    result = cli("Test.py", *flags)
-    assert result.returncode == 2 and "Test.py: error:" in result.stderr
+def test_test_py_rejects_bad_arguments(flags, capsys):
+    status, _, err = run_test_py(capsys, *flags)
+    assert status == 2 and "Test.py: error:" in err
 
 
-def test_oddeven_prints_the_seeds_lines(tmp_path):
-    save = tmp_path / "oddeven.pt"
-    trained = cli("Train.py", "--model", "oddeven", "--dataset", "oddeven", "--epochs", "3",
-                  "--save", str(save), "--log-dir", str(tmp_path))
-    assert trained.returncode == 0, trained.stderr
-    tested = cli("Test.py", "--checkpoint", str(save))
-    lines = [l for l in tested.stdout.splitlines() if l.startswith("Input: ")]
+def test_oddeven_prints_the_seeds_lines(tmp_path, capsys):
+    _, save = run_train(tmp_path, "--model", "oddeven", "--dataset", "oddeven", "--epochs", "3")
+    status, out, err = run_test_py(capsys, "--checkpoint", str(save))
+    assert status == 0, err
+    lines = [l for l in out.splitlines() if l.startswith("Input: ")]
     assert lines and all(re.fullmatch(r"Input: \d+, Prediction: [01]\.\d\d \(> 0\.5 => odd\)", l) for l in lines), lines
 
 

@@ -1,6 +1,6 @@
 """Train.py in this process (``run_train``: the workers are still separate processes, and no
-interpreter start or torch import is waited for) or as a command (``cli``), and what the tests read
-from its checkpoints."""
+interpreter start or torch import is waited for) or as a command (``cli``), Test.py in this process
+(``run_test_py``), and what the tests read from their checkpoints."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import Test
 import Train
 from harness.training import run
 from harness.training.checks import check
@@ -33,6 +34,15 @@ def cli(script: str, *flags: str, env: dict[str, str] | None = None,
     in ``cwd``, by default the test's own folder (tests/conftest.py)."""
     return subprocess.run([sys.executable, str(ROOT / script), *flags], capture_output=True, text=True,
                           timeout=240, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def run_test_py(capsys: pytest.CaptureFixture, *flags: str) -> tuple[int, str, str]:
+    """Test.py's ``main`` in this process, its workers forked by this process's warm zygote: (exit status, stdout,
+    stderr). The command itself is tested in test_train.py (the README's two commands, a corrupt checkpoint)."""
+    capsys.readouterr()
+    status = Test.main(list(flags))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def train_error(*flags: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
