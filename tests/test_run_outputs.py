@@ -18,7 +18,7 @@ from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import kill_session
 from tests.helpers.runs import finish, start_train, wait_for_record, workers_of
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
-from tests.helpers.training import ROOT, cli, run_train, train_error
+from tests.helpers.training import ROOT, run_train, train_error
 
 
 def test_two_runs_started_together_on_one_output_one_trains_the_other_is_refused(tmp_path):
@@ -64,25 +64,25 @@ def test_a_checkpoint_write_removes_dead_writers_leftovers_only(tmp_path):
 def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_change(tmp_path, monkeypatch, capsys):
     _, save = run_train(tmp_path, "--epochs", "2", "--lr", "0.02", name="model")
     capsys.readouterr()                 # the run's own output
-    # the refusals in this process (Train.main: exit 2, one line); the resume that trains on the command line
+    # the refusals (Train.main: exit 2, one line), then the resume that trains, all in this process
     done = train_error("--resume", str(save), monkeypatch=monkeypatch, capsys=capsys)
     assert "nothing is left to train; pass a larger --epochs or --max-steps" in done
     changed = train_error("--resume", str(save), "--epochs", "3", "--optimizer", "adam", monkeypatch=monkeypatch,
                           capsys=capsys)
     assert "continues a run of --optimizer 'sgd'; drop --optimizer" in changed
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    longer = cli("Train.py", "--resume", str(save), "--epochs", "3")
-    assert longer.returncode == 0, longer.stderr
+    assert Train.main(["--resume", str(save), "--epochs", "3"]) == 0, capsys.readouterr().err
     resumed = load_checkpoint(save)
     assert resumed["step"] == 3 * (1293 // 2 // 32) and resumed["config"]["lr"] == 0.02
 
 
-def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp_path):
+def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp_path, capsys):
     save = tmp_path / "model.pt"
-    run = cli("Train.py", "--model", DIVERGING_MODEL, "--epochs", "3", "--save-every-steps", "5", "--save", str(save),
-              "--log-dir", str(tmp_path / "logs"))
-    assert run.returncode == 1, run.stderr
-    assert "training diverged" in run.stderr and f"the last good checkpoint is {save}" in run.stderr
+    status = Train.main(["--model", DIVERGING_MODEL, "--epochs", "3", "--save-every-steps", "5", "--save", str(save),
+                         "--log-dir", str(tmp_path / "logs")])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert "training diverged" in err and f"the last good checkpoint is {save}" in err
     kept = load_checkpoint(save)
     assert kept["step"] == 10 and all(torch.isfinite(v).all() for v in kept["model"].values())
     done = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()][-2]

@@ -7,7 +7,7 @@ import pytest
 
 import Test
 from harness.training.metrics import read_metrics
-from tests.helpers.training import cli, run_train, stop_and_resume
+from tests.helpers.training import run_train, stop_and_resume, train_error
 
 USER = "tests.helpers.user_code"
 
@@ -36,9 +36,9 @@ def test_loss_names_a_regression_loss_of_ones_own(tmp_path):
     assert epochs[-1]["train_loss"] < 0.1 * epochs[0]["train_loss"] and epochs[-1]["val_loss"] < 0.1
 
 
-def test_a_loss_that_cannot_be_imported_is_one_line(tmp_path):
-    result = cli("Train.py", "--loss", "nowhere.module:fn", "--log-dir", str(tmp_path))
-    assert result.returncode == 2 and "--loss: cannot import module 'nowhere.module'" in result.stderr
+def test_a_loss_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, capsys):
+    line = train_error("--loss", "nowhere.module:fn", "--log-dir", str(tmp_path), monkeypatch=monkeypatch, capsys=capsys)
+    assert "--loss: cannot import module 'nowhere.module'" in line
 
 
 def test_a_huggingface_gpt2_from_its_config_trains_on_a_datasets_dataset(tmp_path, capsys):
