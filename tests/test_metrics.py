@@ -13,7 +13,7 @@ def epoch_records() -> list[dict]:
         {"event": "epoch", "epoch": 1, "train_loss": 2.0, "val_error": 0.6},
         {"event": "step", "step": 10, "loss": 1.5},
         {"event": "epoch", "epoch": 2, "train_loss": 1.2},
-        {"event": "epoch", "epoch": 3, "train_loss": 0.8, "val_error": 0.3},
+        {"event": "epoch", "epoch": 3, "train_loss": 0.8, "val_error": 0.3, "lr": 0.01},
     ]
 
 
@@ -57,6 +57,7 @@ def test_plot_writes_png(tmp_path):
     assert png == tmp_path / "plots" / "metrics.png"
     data = png.read_bytes()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 1000
+    assert int.from_bytes(data[20:24], "big") == 800       # three panels (8 in at 100 dpi): the rate has its own
 
 
 def test_plot_without_epoch_records_returns_none(tmp_path):

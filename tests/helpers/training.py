@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -22,10 +23,12 @@ from tests.helpers import ROOT
 
 def run_train(tmp_path: Path, *flags: str, name: str = "run") -> tuple[list[dict], Path]:
     """Train with ``flags``, saving to tmp_path/NAME.pt and logging to tmp_path/NAME; returns (the
-    workers' results, the checkpoint's path)."""
+    workers' results, the checkpoint's path). No plot is drawn (a third of a second of CPU a run): the plot
+    is tested in test_metrics.py and by every run of the commands."""
     save = tmp_path / f"{name}.pt"
     gpus, config = check(Train.parse_args(["--save", str(save), "--log-dir", str(tmp_path / name), *flags]))
-    return train(config, gpus), save
+    with mock.patch("harness.training.driver.plot_metrics", return_value=None):
+        return train(config, gpus), save
 
 
 def cli(script: str, *flags: str, env: dict[str, str] | None = None,
