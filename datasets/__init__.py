@@ -4,8 +4,9 @@ In memory (small, built whole in each worker): cifar10, digits, mnist, oddeven, 
 loaders return a (train, test) pair of Splits. Streamed from disk (each worker reads only the
 samples of its shard): imagefolder and tokens, and ``package.module:factory`` for a Dataset class
 of your own; these return map-style torch Datasets that carry a ``DataInfo`` as ``.info``.
-``open_data`` gives a run its train / validation / test splits, ``check_data`` the cheap facts the
-parent checks before any worker starts, ``describe_test`` what validation and Test.py evaluate.
+``open_data`` gives a run its train / validation / test splits, ``check_data`` the cheap facts rank 0
+checks before any worker trains, ``describe_test`` what validation and Test.py evaluate. The loaders are
+imported (with torch) at their first call: the parent checks a dataset's name without torch.
 """
 from __future__ import annotations
 
@@ -22,15 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Facts", "Split", "check_data", "dataset_names",
            "decode_oddeven", "describe_test", "load_dataset", "open_data"]
 
-# name -> (module, loader); each loader is imported (with torch) at its first call
 DATASETS: dict[str, Callable[..., tuple[Any, Any]]] = {
-    name: imported_on_call(f"{__name__}.{module}", loader) for name, (module, loader) in {
-        "cifar10": ("cifar10", "load_cifar10"),
-        "digits": ("digits", "load_digits"),
-        "mnist": ("mnist", "load_mnist"),
-        "oddeven": ("oddeven", "load_oddeven"),
-        "synthetic": ("synthetic", "load_synthetic"),
-    }.items()
+    "cifar10": imported_on_call(f"{__name__}.cifar10", "load_cifar10"),
+    "digits": imported_on_call(f"{__name__}.digits", "load_digits"),
+    "mnist": imported_on_call(f"{__name__}.mnist", "load_mnist"),
+    "oddeven": imported_on_call(f"{__name__}.oddeven", "load_oddeven"),
+    "synthetic": imported_on_call(f"{__name__}.synthetic", "load_synthetic"),
 }
 STREAMED: dict[str, Callable[..., tuple[Any, Any]]] = {
     "imagefolder": imported_on_call(f"{__name__}.imagefolder", "open_imagefolder"),
@@ -61,7 +59,7 @@ class Data:
 
 
 class Facts(NamedTuple):
-    """What ``check_data`` found: the parent's checks go on from it without opening the data again."""
+    """What ``check_data`` found: the checks go on from it without opening the data again."""
 
     info: DataInfo
     samples: int                # in the training split

@@ -46,4 +46,5 @@ def imported_on_call(module: str, name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         return getattr(importlib.import_module(module), name)(*args, **kwargs)
     call.__name__ = call.__qualname__ = name
+    call.__module__ = module
     return call

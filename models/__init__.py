@@ -13,15 +13,13 @@ if TYPE_CHECKING:
 __all__ = ["MODELS", "build_model", "loss_fn", "model_names"]
 
 MODELS: dict[str, Callable[..., torch.nn.Module]] = {
-    name: imported_on_call(f"{__name__}.{module}", factory) for name, (module, factory) in {
-        "cnn": ("cnn", "cnn"),
-        "gpt": ("gpt", "gpt"),
-        "hf-causal-lm": ("huggingface", "hf_causal_lm"),
-        "mlp": ("mlp", "mlp"),
-        "oddeven": ("mlp", "oddeven"),
-        "resnet18": ("resnet", "resnet18"),
-        "resnet50": ("resnet", "resnet50"),
-    }.items()
+    "cnn": imported_on_call(f"{__name__}.cnn", "cnn"),
+    "gpt": imported_on_call(f"{__name__}.gpt", "gpt"),
+    "hf-causal-lm": imported_on_call(f"{__name__}.huggingface", "hf_causal_lm"),
+    "mlp": imported_on_call(f"{__name__}.mlp", "mlp"),
+    "oddeven": imported_on_call(f"{__name__}.mlp", "oddeven"),
+    "resnet18": imported_on_call(f"{__name__}.resnet", "resnet18"),
+    "resnet50": imported_on_call(f"{__name__}.resnet", "resnet50"),
 }
 
 

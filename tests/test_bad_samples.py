@@ -125,7 +125,8 @@ def test_a_corrupt_first_file_is_skipped_by_the_check_unless_no_bad_sample_may_b
     assert "\n" not in str(error.value)
 
 
-def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_part(images, tmp_path, capsys):
+def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_part(images, tmp_path, capsys,
+                                                                                 monkeypatch):
     root = damaged(images, tmp_path, {}, val=False)
     carved = [open_data("imagefolder", str(root), seed=seed, val_fraction=0.25, **CROP) for seed in (0, 0, 1)]
     paths = [({str(d.train.path(i)) for i in range(len(d.train))}, {str(d.val.path(i)) for i in range(len(d.val))})
@@ -138,6 +139,7 @@ def test_an_image_folder_with_only_train_is_validated_and_tested_on_a_carved_par
                         '{"crop": 16, "resize": 20}', "--val-fraction", "0.25", "--batch-size", "3", "--epochs", "1")
     validations = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["event"] == "validation"]
     assert len(validations) == 1 and 0 <= validations[0]["val_error"] <= 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     status, out, err = run_test_py(capsys, "--checkpoint", str(save))
     assert status == 0, err
     assert f"the validation part carved from {root / 'train'}/ (25%) (6 samples)" in out

@@ -37,7 +37,8 @@ def test_loss_names_a_regression_loss_of_ones_own(tmp_path):
 
 
 def test_a_loss_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, capsys):
-    line = train_error("--loss", "nowhere.module:fn", "--log-dir", str(tmp_path), monkeypatch=monkeypatch, capsys=capsys)
+    line = train_error("--loss", "nowhere.module:fn", "--log-dir", str(tmp_path), monkeypatch=monkeypatch,
+                       capsys=capsys)
     assert "--loss: cannot import module 'nowhere.module'" in line
 
 

@@ -19,6 +19,20 @@ def test_large_arrays_and_tensors_go_out_of_band_without_copy():
     assert len(frames) == 2 and _address(frames[1]) == tensor.data_ptr()
 
 
+def test_a_sealed_value_crosses_a_relay_unopened_and_its_large_buffers_stay_out_of_band():
+    """A child's exchange value, sealed, goes to the parent, which unpacks the message and packs it on to another
+    child: the relay holds only frames, and the receiver opens the value whole."""
+    key = wire.new_key()
+    value = {"big": torch.arange(1 << 16, dtype=torch.float32), "small": np.arange(5), "none": None}
+    frames = wire.pack(key, ("exchange", "t", wire.Sealed.of(value)))
+    assert len(frames) == 2                              # the big tensor's bytes, out of band in the message too
+    relayed = wire.unpack(key, [bytes(f) for f in frames])[2]
+    assert isinstance(relayed, wire.Sealed)
+    again = wire.unpack(key, [bytes(f) for f in wire.pack(key, [relayed, None])])[0].open()
+    assert torch.equal(again["big"], value["big"]) and (again["small"] == value["small"]).all()
+    assert again["none"] is None
+
+
 def test_small_buffers_stay_in_band():
     assert len(wire.dumps(np.arange(10))) == 1
 

@@ -8,7 +8,7 @@ From Python, ``run(TrainConfig(...))`` does what Train.py does and returns the w
 
 Imports the collectives, the data pipeline and resilience; never the control plane's internals
 (a worker talks to the parent through its ``Context``). Importing this front does not import torch:
-the parent starts its workers before it imports torch itself.
+Train.py's parent never does (rank 0 checks what needs it).
 """
 from .config import ConfigError, TrainConfig
 from .driver import run

@@ -2,7 +2,7 @@
 one function for the rules across fields, then what reads files or builds the model.
 
 The checks run in three stages, because Train.py starts its workers as soon as it knows where they
-run and does the rest while they import torch:
+run, and its parent imports no torch:
 
 - ``plan_workers(config)``: where the workers run and how many (no torch, no files);
 - ``check_flags(config)``: every field's own range and the rules across fields (no files);

@@ -6,8 +6,8 @@ means; the checks live in harness/training/checks.py. The checkpoint stores ``as
 types only, so ``torch.load(weights_only=True)`` reads it) and Test.py and ``--resume`` rebuild it with
 ``TrainConfig.from_dict``.
 
-The last group is not set by users: ``resolve()`` (harness/training/checks.py) decides it from the
-flags before any worker starts, and the workers read it.
+The last group is not set by users: the checks (harness/training/checks.py: ``resolve()`` in the parent,
+``check_inputs`` on rank 0) decide it before any worker trains, and the workers read it.
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class TrainConfig:
     # -- failures
     max_restarts: int = 0               # worker deaths or hangs survived
     heal: str | None = None             # "on" (the default with max_restarts) or "off": restart instead
-    # -- decided by resolve() before the workers start, not set by users
+    # -- decided by the checks (resolve(), rank 0's check_inputs) before any worker trains, not set by users
     workers: int = 0                    # how many workers the run has
     samples: int = 0                    # training samples (after the validation split)
     heal_in_place: bool = False         # a dead worker is healed from the survivors (else restart)

@@ -3,8 +3,9 @@
 This is Train.py's body and the Python API (``harness.training.run``). The workers start as soon as
 it is known where they run; the parent checks the other fields meanwhile, and rank 0 checks the files
 and the model as its first exec (harness/training/checks.py), so a bad input still fails before any
-worker trains. The parent imports no torch, so its CPU goes to the workers' start (it does to read a
-checkpoint: --resume's config, and in async mode for its parameter server and the checkpoints it writes).
+worker trains. The parent imports no torch, so its CPU goes to the workers' start; only some flags make
+it: --resume (to read the saved config), --mode async (its parameter server and the checkpoints it
+writes), --loss (its check) and --tensorboard (the writer).
 A worker that dies or hangs is healed in place or restarts the group from the last checkpoint,
 ``max_restarts`` times in all (harness/resilience/recovery.py).
 Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher
@@ -68,11 +69,18 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
 
 def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
     """``config`` with the checks that read files and build the model made by ``kids``' rank 0
-    (``check_inputs_in``); ConfigError if one failed."""
+    (``check_inputs_in``); ConfigError if one failed. In async mode the parent writes the checkpoints, so
+    it checks --save here too (it imports torch for its parameter server anyway)."""
     kids.exec(check_inputs_in, config)
     checked = kids.wait()[0]
     if isinstance(checked, str):
         raise ConfigError(checked)
+    if checked.mode == "async" and checked.save:
+        from harness.resilience.checkpoint import CheckpointError, check_writable
+        try:
+            check_writable(checked.save)
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
     return checked
 
 
