@@ -10,6 +10,7 @@ imported (with torch) at their first call: the parent checks a dataset's name wi
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +42,6 @@ def __getattr__(name: str) -> Any:
     """The containers and helpers of the submodules, imported (with torch) at their first use."""
     if name not in _ELSEWHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
     return getattr(importlib.import_module(f"{__name__}.{_ELSEWHERE[name]}"), name)
 
 
