@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, check_writable, load_checkpoint, save_checkpoint
+from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, load_checkpoint, save_checkpoint
+from harness.resilience.lock import NotWritable, check_writable
 
 
 def make_state(epoch: int = 3) -> dict:
@@ -137,11 +138,11 @@ def test_check_writable_rejects_directory_under_a_file(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a directory")
     path = blocker / "ckpt.pt"
-    with pytest.raises(CheckpointError, match="cannot be created or written") as info:
+    with pytest.raises(NotWritable, match="cannot be created or written") as info:
         check_writable(path)
     assert str(blocker) in str(info.value)
 
 
 def test_check_writable_rejects_directory_as_path(tmp_path):
-    with pytest.raises(CheckpointError, match="is a directory"):
+    with pytest.raises(NotWritable, match="is a directory"):
         check_writable(tmp_path)

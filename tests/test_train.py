@@ -124,6 +124,15 @@ def test_corrupt_checkpoint_and_unwritable_save_path(tmp_path):
     assert result.returncode == 2 and str(corrupt) in result.stderr
 
 
+@pytest.mark.parametrize("mode", ["grad", "async"])
+def test_a_save_path_under_a_file_is_one_line_before_any_worker_starts(mode, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    line = train_error("--mode", mode, "--save", str(blocker / "m.pt"), "--log-dir", str(tmp_path / "logs"),
+                       monkeypatch=monkeypatch, capsys=capsys)
+    assert f"checkpoint directory {blocker} cannot be created or written" in line
+
+
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory):
     """One epoch of the default job, run once: (the workers' results, its checkpoint, its log folder)."""

@@ -109,27 +109,6 @@ def read_config(path: str | os.PathLike) -> dict:
     return state["config"]
 
 
-def check_writable(path: str | os.PathLike) -> None:
-    """Fail before training starts if a checkpoint could not be saved at path (a file path).
-
-    Creates the directory if needed and writes a probe file, because permission bits lie (root ignores
-    them) and only an actual write proves the directory accepts files.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"checkpoint path {path} is a directory; give a file path inside it")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as error:
-        raise CheckpointError(
-            f"checkpoint directory {path.parent} cannot be created or written ({error}); "
-            "choose a writable location"
-        ) from error
-
-
 def _check_state(path: Path, state: dict) -> None:
     """Reject at save time what load_checkpoint would reject, so a bad checkpoint is never written."""
     if not isinstance(state, dict):

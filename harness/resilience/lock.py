@@ -8,12 +8,17 @@ descriptor closes, on every exit, SIGKILL included, so a dead run's lock is neve
 may stay, the lock does not. The holder writes its pid into the file, which is how the refusal
 names it. flock locks the open file, not the path: a lock file never deleted (we never delete it)
 is the same file for every run.
+
+``check_writable`` proves a checkpoint's folder takes files before anything trains, without torch: the
+parent probes it (its lock goes there; in async mode it writes the checkpoint) and so does rank 0, which
+writes it in the other modes, from its own host (harness/training/checks.py).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -25,6 +30,10 @@ HOLDER_WAIT = 2.0
 
 class InUse(RuntimeError):
     """Another live run holds the lock; the message names its pid and the flag to change."""
+
+
+class NotWritable(ValueError):
+    """A checkpoint path that cannot be written; the message names the path and the fix."""
 
 
 def lock_path(output: Path, folder: bool) -> Path:
@@ -82,3 +91,24 @@ def alive(pid: int) -> bool:
     except PermissionError:         # another user's live process
         return True
     return True
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail before training starts if a checkpoint could not be saved at path (a file path).
+
+    Creates the directory if needed and writes a probe file, because permission bits lie (root ignores
+    them) and only an actual write proves the directory accepts files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise NotWritable(f"checkpoint path {path} is a directory; give a file path inside it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise NotWritable(
+            f"checkpoint directory {path.parent} cannot be created or written ({error}); "
+            "choose a writable location"
+        ) from error

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from harness.launch.cluster import ClusterStart, check_start, detect, unbind_from_mpi
 from harness.launch.launchers import Launcher, make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
+from harness.resilience.lock import NotWritable, check_writable
 from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig, one_line_errors
 from harness.training.optim import check_options, default_impl
 from harness.training.schedule import is_constant
@@ -198,13 +199,23 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
 
 
 def check_outputs(config: TrainConfig) -> None:
-    """What the run writes can be written (without torch: before the workers start)."""
+    """What the run writes can be written (without torch: before the workers start). The checkpoint's folder
+    is probed here and again by rank 0 (``check_inputs``), which writes it from its own host."""
     if Path(config.log_dir).exists() and not Path(config.log_dir).is_dir():
         raise ConfigError(f"--log-dir {config.log_dir} is a file, not a folder; give a folder for the log "
                           f"(default {TrainConfig.log_dir})")
     if config.save and Path(config.save).is_dir():
         raise ConfigError(f"--save {config.save} is a folder; give a file path inside it, e.g. "
                           f"{Path(config.save) / 'model.pt'}")
+    _check_writable(config)     # the parent's lock goes beside it; in async mode the parent writes it too
+
+
+def _check_writable(config: TrainConfig) -> None:
+    if config.save:
+        try:
+            check_writable(config.save)
+        except NotWritable as e:
+            raise ConfigError(str(e)) from None
 
 
 def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
@@ -370,14 +381,14 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
     device); returns the config with ``samples`` and ``data_workers`` (this host's cores shared out) decided."""
     from harness.data.pipeline import default_data_workers
-    from harness.resilience.checkpoint import CheckpointError, check_writable, load_checkpoint
+    from harness.resilience.checkpoint import CheckpointError, load_checkpoint
     samples, validated = _check_data_and_model(config)
     config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
                             else default_data_workers(config.workers))
     check_early_stop(config, validated)
+    if config.mode != "async":      # rank 0 writes it, on a host that need not be the parent's
+        _check_writable(config)
     try:
-        if config.save:
-            check_writable(config.save)
         saved = load_checkpoint(config.resume) if config.resume else None
     except CheckpointError as e:
         raise ConfigError(str(e)) from None

@@ -69,18 +69,11 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
 
 def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
     """``config`` with the checks that read files and build the model made by ``kids``' rank 0
-    (``check_inputs_in``); ConfigError if one failed. In async mode the parent writes the checkpoints, so
-    it checks --save here too (it imports torch for its parameter server anyway)."""
+    (``check_inputs_in``); ConfigError if one failed."""
     kids.exec(check_inputs_in, config)
     checked = kids.wait()[0]
     if isinstance(checked, str):
         raise ConfigError(checked)
-    if checked.mode == "async" and checked.save:
-        from harness.resilience.checkpoint import CheckpointError, check_writable
-        try:
-            check_writable(checked.save)
-        except CheckpointError as e:
-            raise ConfigError(str(e)) from None
     return checked
 
 
