@@ -3,6 +3,7 @@
 checkpoints are written in the background."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import Train
 from harness import ChildFailed
 from harness.resilience import saver as saver_module
 from harness.resilience.checkpoint import load_checkpoint
@@ -32,6 +34,27 @@ def after_restarts(restarts: int, event: str):
         last = max((i for i, e in enumerate(events) if e == "restart"), default=-1)
         return events.count("restart") == restarts and event in events[last + 1:]
     return found
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_worker_killed_while_rank_0_checks_the_inputs_spends_a_restart_before_anything_trains(
+        restarts, tmp_path, capsys):
+    marker = tmp_path / "died"
+    status = Train.main([*SLOW_FLAGS, "--model-options", json.dumps({"delay": 0.0, "die_once": str(marker)}),
+                         "--max-steps", "10", "--max-restarts", str(restarts), "--save", str(tmp_path / "model.pt"),
+                         "--log-dir", str(tmp_path / "logs")])
+    out, err = capsys.readouterr()
+    assert marker.exists()
+    if not restarts:
+        assert status == 1 and "child 0 was killed by signal SIGKILL" in err, err
+        assert not (tmp_path / "model.pt").exists()
+        return
+    assert status == 0, err
+    assert "restarting every worker from the start (restart 1 of 1), which it had not begun to train" in out, out
+    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["event"], r["rank"], r["during"], r["cause"]) for r in records if r["event"] == "restart"] == [
+        ("restart", 0, "checks", "was killed by signal SIGKILL")]
+    assert load_checkpoint(tmp_path / "model.pt")["step"] == 10
 
 
 def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as_if_uninterrupted(tmp_path,

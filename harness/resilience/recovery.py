@@ -45,6 +45,12 @@ class GaveUp(RuntimeError):
                          f"raise --max-restarts to allow more)")
 
 
+def restart_record(failure: ChildFailed, restart: int, limit: int, resume: str | None) -> dict:
+    """The log's "restart" record: the group is started again (``restart`` of ``limit``) from ``resume``."""
+    return {"event": "restart", "restart": restart, "max_restarts": limit, "rank": failure.rank,
+            "cause": failure.reason, "resume": resume}
+
+
 class Recovery:
     """Args:
         limit: how many failures the run survives (``--max-restarts``).
@@ -52,13 +58,14 @@ class Recovery:
         resume: the checkpoint the run started from, if any (where a restart goes before any save).
         last_saved: returns the last checkpoint the run wrote, if any.
         report: where restart records go (the metrics log).
-        stopping: returns the signal that asked the run to stop, if one did (then a failure is not restarted)."""
+        stopping: returns the signal that asked the run to stop, if one did (then a failure is not restarted).
+        used: failures the run survived already, before training (while its inputs were checked)."""
 
     def __init__(self, limit: int, heals_in_place: bool, resume: str | None,
                  last_saved: Callable[[], str | None], report: Callable[[dict], None],
-                 stopping: Callable[[], int | None] = lambda: None):
+                 stopping: Callable[[], int | None] = lambda: None, used: int = 0):
         self.limit, self.heals_in_place = limit, heals_in_place
-        self.used = 0
+        self.used = used
         self._resume, self._last_saved, self._report, self._stopping = resume, last_saved, report, stopping
         self._healing: tuple[ChildFailed, float] | None = None     # the failure being healed, and when
         self._unhealed: str | None = None       # why the last failure was not healed in place
@@ -84,8 +91,7 @@ class Recovery:
                     raise
                 self.used += 1
                 resume = self._last_saved() or self._resume
-                self._report({"event": "restart", "restart": self.used, "max_restarts": self.limit,
-                              "rank": failure.rank, "cause": failure.reason, "resume": resume,
+                self._report({**restart_record(failure, self.used, self.limit, resume),
                               **({"not_healed": self._unhealed} if self._unhealed else {})})
                 self._unhealed = None
 

@@ -26,12 +26,12 @@ from harness.launch.launchers import Launcher
 from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
-from harness.resilience.recovery import Recovery
+from harness.resilience.recovery import GaveUp, Recovery, restart_record
 from harness.training.checks import check_flags, check_inputs_in, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.training.nodes import nodes
-from harness.training.progress import Progress
+from harness.training.progress import Progress, describe_recovery
 
 # torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
 WORKER_IMPORTS = ("harness.training.loop", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
@@ -54,17 +54,41 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     marks = marks if marks is not None else timeline.start("imported")
     with nodes(config) as launcher:
         gpus, config = plan_workers(config, launcher)
-        with own_outputs(config), workers(config, gpus, launcher) as kids:
+        with own_outputs(config), contextlib.ExitStack() as group:
+            config, kids, restarts = checked_group(check_flags(config, gpus), gpus, launcher, interrupts, group)
             timeline.mark(marks, "forked")
-            config = checked_by(kids, check_flags(config, gpus))
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
             import_plotting_meanwhile()
-            results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher)
+            results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher, restarts=restarts)
         if launcher is not None:        # the other nodes end as this one does
             launcher.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
         return results
+
+
+def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | None, interrupts: Interrupts | None,
+                  group: contextlib.ExitStack) -> tuple[TrainConfig, Children, list[dict]]:
+    """A group of workers (entered into ``group``), the config its rank 0 checked, and the "restart" records of
+    the groups that failed first. A worker that dies or hangs during the checks, before anything trained, costs
+    one of --max-restarts, as it would later: a new group checks again (not once the run was asked to stop)."""
+    restarts: list[dict] = []
+    while True:
+        with contextlib.ExitStack() as attempt:
+            kids = attempt.enter_context(workers(config, gpus, launcher))
+            try:
+                checked = checked_by(kids, config)
+            except ChildFailed as failure:
+                if len(restarts) == config.max_restarts or interrupts is not None and interrupts.signum:
+                    if restarts:
+                        raise GaveUp(failure, len(restarts)) from failure
+                    raise
+                restarts.append({"time": time.time(), "during": "checks",
+                                 **restart_record(failure, len(restarts) + 1, config.max_restarts, config.resume)})
+                print(describe_recovery(restarts[-1]) + ", which it had not begun to train")
+                continue
+            group.enter_context(attempt.pop_all())
+            return checked, kids, restarts
 
 
 def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
@@ -143,11 +167,12 @@ def resumes(config: TrainConfig) -> str:
 
 
 def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
-          started: Children | None = None, launcher: Launcher | None = None) -> list[dict]:
+          started: Children | None = None, launcher: Launcher | None = None, restarts: list[dict] = ()) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
     already forked for it, or on a group forked here (by ``launcher``, node agents', if given); every
     restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
-    checks done)."""
+    checks done). ``restarts``: the "restart" records of groups that failed during the checks (logged first;
+    each spent one of --max-restarts)."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.steps_per_epoch()
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
@@ -155,9 +180,12 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (resumes(config) if start.restart_count else ""))
         log.write({"time": time.time(), **start.record()})
+    for record in restarts:
+        log.write({"time": time.time(), **record})
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
-                        progress.handle, stopping=lambda: interrupts.signum if interrupts is not None else None)
+                        progress.handle, stopping=lambda: interrupts.signum if interrupts is not None else None,
+                        used=len(restarts))
     first = iter([started] if started is not None else [])    # a failed group is stopped for good
 
     def attempt(resume: str | None) -> list[dict]:

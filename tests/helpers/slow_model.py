@@ -43,11 +43,15 @@ class Slow(torch.nn.Linear):
 
 
 def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, term_at: int | None = None,
-          kill: tuple[int, int] | None = None) -> Slow:
+          kill: tuple[int, int] | None = None, die_once: str | None = None) -> Slow:
     """``rank``: only that worker is slow (a host of unequal speed, for --mode async); the others take no delay.
     ``term_at``: rank 0 sends the SIGTERM (see Slow). ``kill``: (rank, forward): that rank's first worker SIGKILLs
     itself at that training forward, a death at a known point of its run however loaded the machine is (its
-    replacement, of a later generation, does not)."""
+    replacement, of a later generation, does not). ``die_once``: a path; the first process to build the model
+    (rank 0, checking the inputs) creates that file and SIGKILLs itself; the file there, builds go on."""
+    if die_once is not None and not os.path.exists(die_once):
+        open(die_once, "x").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     mine = os.environ.get("HARNESS_RANK")
     slow = rank is None or mine is not None and int(mine) == rank
     first = os.environ.get("HARNESS_GENERATION", "0") == "0"
