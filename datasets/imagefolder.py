@@ -20,6 +20,7 @@ pinned memory and PCIe); the device turns them into normalised floats (``DataInf
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import io
 import math
@@ -146,7 +147,17 @@ def class_names(folder: Path) -> tuple[str, ...]:
 
 
 def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every image's name relative to ``folder`` as one byte array with offsets, and its label."""
+    """Every image's name relative to ``folder`` as one byte array with offsets, and its label (read-only).
+    Remembered by the process while no class folder changes (a file added or removed changes its folder's
+    mtime): rank 0 lists a split to check the inputs and again to train, and an ImageNet-size listing takes
+    seconds that every worker waits for."""
+    stamps = tuple(os.stat(folder / name).st_mtime_ns if (folder / name).is_dir() else None for name in classes)
+    return _listing(folder, classes, stamps)
+
+
+@functools.lru_cache(maxsize=4)
+def _listing(folder: Path, classes: tuple[str, ...], stamps: tuple[int | None, ...]
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     names: list[bytes] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
@@ -162,7 +173,10 @@ def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarra
         labels += [label] * len(files)
     offsets = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(n) for n in names], out=offsets[1:])
-    return np.frombuffer(b"".join(names), dtype=np.uint8), offsets, np.asarray(labels, dtype=np.int32)
+    listing = np.frombuffer(b"".join(names), dtype=np.uint8), offsets, np.asarray(labels, dtype=np.int32)
+    for array in listing:
+        array.flags.writeable = False
+    return listing
 
 
 def open_imagefolder(data_dir: str | None, seed: int = 0, val_fraction: float = 0.0, crop: int = 224,

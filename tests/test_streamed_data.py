@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,20 @@ def test_imagefolder_scans_classes_and_decodes_uint8_crops(images, decoder):
     x, y = data.val[3]
     assert x.dtype == torch.uint8 and x.shape == (3, 16, 16) and y == 1
     assert torch.equal(data.val[3][0], x)                       # evaluation: resize + centre crop, no chance
+
+
+def test_a_split_is_listed_once_a_process_until_a_class_folder_changes(images, tmp_path, monkeypatch):
+    shutil.copytree(images, tmp_path / "images")
+    listed = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: listed.append(os.path.basename(path)) or scandir(path))
+    first, again = (open_data("imagefolder", str(tmp_path / "images"), **CROP) for _ in range(2))
+    assert listed.count("c1") == 2      # train/c1 and val/c1, once: rank 0's checks and training share it
+    assert again.train.labels is first.train.labels and not first.train.labels.flags.writeable
+    shutil.copy(tmp_path / "images" / "train" / "c1" / "001.jpg", tmp_path / "images" / "train" / "c1" / "new.jpg")
+    grown = open_data("imagefolder", str(tmp_path / "images"), **CROP)
+    assert listed.count("c1") == 3 and len(grown.train) == len(first.train) + 1
+    assert grown.train.path(grown.train.labels.tolist().index(2) - 1).name == "new.jpg"
 
 
 @pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
