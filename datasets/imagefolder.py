@@ -149,14 +149,22 @@ def class_names(folder: Path) -> tuple[str, ...]:
 def _scan(folder: Path, classes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every image's name relative to ``folder`` as one byte array with offsets, and its label (read-only).
     Remembered by the process while no class folder changes (a file added or removed changes its folder's
-    mtime): rank 0 lists a split to check the inputs and again to train, and an ImageNet-size listing takes
-    seconds that every worker waits for."""
-    stamps = tuple(os.stat(folder / name).st_mtime_ns if (folder / name).is_dir() else None for name in classes)
-    return _listing(folder, classes, stamps)
+    mtime; a folder made anew, its inode): rank 0 lists a split to check the inputs and again to train, and an
+    ImageNet-size listing takes seconds that every worker waits for."""
+    folder = folder.resolve()
+    return _listing(folder, classes, tuple(_stamp(folder / name) for name in classes))
+
+
+def _stamp(directory: Path) -> tuple[int, int, int] | None:
+    try:
+        seen = os.stat(directory)
+    except FileNotFoundError:
+        return None
+    return seen.st_dev, seen.st_ino, seen.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=4)
-def _listing(folder: Path, classes: tuple[str, ...], stamps: tuple[int | None, ...]
+def _listing(folder: Path, classes: tuple[str, ...], stamps: tuple[tuple[int, int, int] | None, ...]
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     names: list[bytes] = []
     labels: list[int] = []

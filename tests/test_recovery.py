@@ -36,21 +36,27 @@ def after_restarts(restarts: int, event: str):
     return found
 
 
-@pytest.mark.parametrize("restarts", [0, 1])
+@pytest.mark.parametrize("restarts, kill", [(0, None), (1, None), (1, [1, 3])])
 def test_a_worker_killed_while_rank_0_checks_the_inputs_spends_a_restart_before_anything_trains(
-        restarts, tmp_path, capsys):
+        restarts, kill, tmp_path, capsys):
+    """The first build of the model (rank 0's check of the inputs) kills its worker: that costs one of
+    --max-restarts and a new group trains, or ends the run when none are left, then or later (``kill``: rank 1
+    dies at its third forward, with the budget spent)."""
     marker = tmp_path / "died"
-    status = Train.main([*SLOW_FLAGS, "--model-options", json.dumps({"delay": 0.0, "die_once": str(marker)}),
-                         "--max-steps", "10", "--max-restarts", str(restarts), "--save", str(tmp_path / "model.pt"),
+    options = {"delay": 0.0, "die_once": str(marker), **({"kill": kill} if kill else {})}
+    status = Train.main([*SLOW_FLAGS, "--model-options", json.dumps(options), "--max-steps", "10",
+                         "--max-restarts", str(restarts), "--save", str(tmp_path / "model.pt"),
                          "--log-dir", str(tmp_path / "logs")])
     out, err = capsys.readouterr()
     assert marker.exists()
-    if not restarts:
-        assert status == 1 and "child 0 was killed by signal SIGKILL" in err, err
-        assert not (tmp_path / "model.pt").exists()
+    if not restarts or kill:
+        assert status == 1 and not (tmp_path / "model.pt").exists(), err
+        assert ("gave up after 1 restart" in err) == bool(restarts), err
+        assert f"child {kill[0] if kill else 0} was killed by signal SIGKILL" in err, err
         return
     assert status == 0, err
-    assert "restarting every worker from the start (restart 1 of 1), which it had not begun to train" in out, out
+    assert ("rank 0 (was killed by signal SIGKILL; not healed in place: it came while rank 0 checked the inputs): "
+            "restarting every worker from the start (restart 1 of 1)") in out, out
     records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["event"], r["rank"], r["during"], r["cause"]) for r in records if r["event"] == "restart"] == [
         ("restart", 0, "checks", "was killed by signal SIGKILL")]

@@ -12,6 +12,7 @@ import Test
 import Train
 from harness.training import run
 from harness.resilience.checkpoint import load_checkpoint
+from harness.training.metrics import read_metrics
 from tests.helpers.training import ROOT, cli, flat_params, run_test_py, run_train, train_error
 
 
@@ -111,6 +112,9 @@ def test_the_parent_checks_trains_and_saves_without_importing_torch(tmp_path):
                           text=True, timeout=240, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "no torch in the parent", done.stderr
     assert load_checkpoint(tmp_path / "a.pt")["epoch"] == 1
+    [startup] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["event"] == "startup"]
+    parent, workers = startup["parent"], startup["workers"]      # the parent's checks overlap the workers' start
+    assert parent["imported"] <= parent["forked"] < min(w["process"] for w in workers) <= parent["checked"]
 
 
 def test_corrupt_checkpoint_and_unwritable_save_path(tmp_path):

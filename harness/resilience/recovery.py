@@ -45,6 +45,16 @@ class GaveUp(RuntimeError):
                          f"raise --max-restarts to allow more)")
 
 
+def spend(failure: ChildFailed, used: int, limit: int) -> int:
+    """``used + 1``: one more failure survived. Raises ``failure`` when ``used`` is ``limit`` already (as ``GaveUp``
+    where restarts were allowed at all)."""
+    if used == limit:
+        if limit:
+            raise GaveUp(failure, limit) from failure
+        raise failure
+    return used + 1
+
+
 def restart_record(failure: ChildFailed, restart: int, limit: int, resume: str | None) -> dict:
     """The log's "restart" record: the group is started again (``restart`` of ``limit``) from ``resume``."""
     return {"event": "restart", "restart": restart, "max_restarts": limit, "rank": failure.rank,
@@ -85,11 +95,7 @@ class Recovery:
                     last = self._last_saved() or self._resume
                     raise Interrupted(signum, f"rank {failure.rank} {failure.reason} during the stop; the last "
                                               f"checkpoint: {last or 'none'}") from failure
-                if self.used == self.limit:
-                    if self.limit:
-                        raise GaveUp(failure, self.limit) from failure
-                    raise
-                self.used += 1
+                self.used = spend(failure, self.used, self.limit)
                 resume = self._last_saved() or self._resume
                 self._report({**restart_record(failure, self.used, self.limit, resume),
                               **({"not_healed": self._unhealed} if self._unhealed else {})})

@@ -200,14 +200,15 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
 
 def check_outputs(config: TrainConfig) -> None:
     """What the run writes can be written (without torch: before the workers start). The checkpoint's folder
-    is probed here and again by rank 0 (``check_inputs``), which writes it from its own host."""
+    is probed here, where the run's lock goes beside it (and in async mode the checkpoint itself), and again
+    by rank 0 (``check_inputs``), which writes it from its own host in the other modes."""
     if Path(config.log_dir).exists() and not Path(config.log_dir).is_dir():
         raise ConfigError(f"--log-dir {config.log_dir} is a file, not a folder; give a folder for the log "
                           f"(default {TrainConfig.log_dir})")
     if config.save and Path(config.save).is_dir():
         raise ConfigError(f"--save {config.save} is a folder; give a file path inside it, e.g. "
                           f"{Path(config.save) / 'model.pt'}")
-    _check_writable(config)     # the parent's lock goes beside it; in async mode the parent writes it too
+    _check_writable(config)
 
 
 def _check_writable(config: TrainConfig) -> None:
@@ -471,4 +472,5 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
 def check(config: TrainConfig) -> tuple[list[int], TrainConfig]:
     """Every check ``run`` makes, without starting workers: (GPUs, the config ready to train)."""
     gpus, config = resolve(config)
+    check_outputs(config)
     return gpus, check_inputs(config)

@@ -26,7 +26,7 @@ from harness.launch.launchers import Launcher
 from harness.parent import ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
-from harness.resilience.recovery import GaveUp, Recovery, restart_record
+from harness.resilience.recovery import Recovery, restart_record, spend
 from harness.training.checks import check_flags, check_inputs_in, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
@@ -55,8 +55,7 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     with nodes(config) as launcher:
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), contextlib.ExitStack() as group:
-            config, kids, restarts = checked_group(check_flags(config, gpus), gpus, launcher, interrupts, group)
-            timeline.mark(marks, "forked")
+            config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
@@ -67,28 +66,31 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         return results
 
 
-def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | None, interrupts: Interrupts | None,
-                  group: contextlib.ExitStack) -> tuple[TrainConfig, Children, list[dict]]:
-    """A group of workers (entered into ``group``), the config its rank 0 checked, and the "restart" records of
-    the groups that failed first. A worker that dies or hangs during the checks, before anything trained, costs
-    one of --max-restarts, as it would later: a new group checks again (not once the run was asked to stop)."""
-    restarts: list[dict] = []
+def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | None, marks: dict,
+                  group: contextlib.ExitStack) -> tuple[TrainConfig, Children, int]:
+    """A group of workers (entered into ``group``), the config checked (its flags here while the workers start,
+    the rest by their rank 0) and how many groups failed first. A worker that dies or hangs during the checks,
+    before anything trained, costs one of --max-restarts, as it would later (logged as a "restart" record
+    ``"during": "checks"``, never healed in place): a new group checks again."""
+    flags, used = None, 0
     while True:
         with contextlib.ExitStack() as attempt:
             kids = attempt.enter_context(workers(config, gpus, launcher))
+            timeline.mark(marks, "forked")
+            flags = flags or check_flags(config, gpus)
             try:
-                checked = checked_by(kids, config)
+                checked = checked_by(kids, flags)
             except ChildFailed as failure:
-                if len(restarts) == config.max_restarts or interrupts is not None and interrupts.signum:
-                    if restarts:
-                        raise GaveUp(failure, len(restarts)) from failure
-                    raise
-                restarts.append({"time": time.time(), "during": "checks",
-                                 **restart_record(failure, len(restarts) + 1, config.max_restarts, config.resume)})
-                print(describe_recovery(restarts[-1]) + ", which it had not begun to train")
+                used = spend(failure, used, config.max_restarts)
+                record = {**restart_record(failure, used, config.max_restarts, config.resume), "during": "checks",
+                          **({"not_healed": "it came while rank 0 checked the inputs"} if config.heal_in_place else {})}
+                log = MetricsLog(config.log_dir)
+                log.write({"time": time.time(), **record})
+                log.close()
+                print(describe_recovery(record))
                 continue
             group.enter_context(attempt.pop_all())
-            return checked, kids, restarts
+            return checked, kids, used
 
 
 def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
@@ -167,12 +169,11 @@ def resumes(config: TrainConfig) -> str:
 
 
 def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
-          started: Children | None = None, launcher: Launcher | None = None, restarts: list[dict] = ()) -> list[dict]:
+          started: Children | None = None, launcher: Launcher | None = None, restarts: int = 0) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
     already forked for it, or on a group forked here (by ``launcher``, node agents', if given); every
     restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
-    checks done). ``restarts``: the "restart" records of groups that failed during the checks (logged first;
-    each spent one of --max-restarts)."""
+    checks done). ``restarts``: how many of --max-restarts groups that failed during the checks spent."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.steps_per_epoch()
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
@@ -180,12 +181,10 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (resumes(config) if start.restart_count else ""))
         log.write({"time": time.time(), **start.record()})
-    for record in restarts:
-        log.write({"time": time.time(), **record})
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
                         progress.handle, stopping=lambda: interrupts.signum if interrupts is not None else None,
-                        used=len(restarts))
+                        used=restarts)
     first = iter([started] if started is not None else [])    # a failed group is stopped for good
 
     def attempt(resume: str | None) -> list[dict]:
