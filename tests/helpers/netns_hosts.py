@@ -11,6 +11,7 @@ directory is touched: every daemon's configuration, key, socket, state and log l
 """
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -21,6 +22,11 @@ import time
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+# Each Hosts of a process gets names of its own: a namespace's veth pair outlives ``ip netns del`` for a
+# moment (the kernel tears namespaces down in the background), so the next module's hosts must not reuse them;
+# and a test that seeds ``random`` must not make two draws alike.
+NUMBERS = itertools.count()
+DRAWS = random.SystemRandom()
 SLURM = ("munged", "slurmctld", "slurmd", "salloc", "srun", "nsenter")
 
 
@@ -56,8 +62,8 @@ def run(*command: str, env: dict[str, str] | None = None) -> str:
 
 class Hosts:
     def __init__(self, directory: Path, count: int = 3):
-        self.dir, tag = directory, f"{os.getpid() % 10000}{random.randrange(100)}"
-        self.subnet = f"10.{random.randrange(100, 250)}.{random.randrange(1, 250)}"
+        self.dir, tag = directory, f"{os.getpid() % 100000}n{next(NUMBERS)}"
+        self.subnet = f"10.{DRAWS.randrange(100, 250)}.{DRAWS.randrange(1, 250)}"
         self.bridge = f"hxbr{tag}"
         self.namespaces = [f"hx{tag}h{i}" for i in range(count)]
         self.addresses = [f"{self.subnet}.{i + 2}" for i in range(count)]
@@ -128,7 +134,7 @@ class Hosts:
         run("munged", "--force", f"--socket={d / 'munge.sock'}", f"--key-file={key}", f"--log-file={d / 'munged.log'}",
             f"--pid-file={d / 'munged.pid'}", f"--seed-file={d / 'munged.seed'}")
         self.nodes = [f"node{i}" for i in range(len(self.namespaces))]
-        port = random.randrange(20000, 30000, 2)
+        port = DRAWS.randrange(20000, 30000, 2)
         config = d / "slurm.conf"
         config.write_text(
             f"ClusterName=harness\nSlurmctldHost={socket.gethostname()}({self.parent_address})\n"
