@@ -9,6 +9,7 @@ Python tools (``python -m scripts.NAME``):
     collectives_demo   port of parallel-nccl.lua: every collective, expected against received
     startup_timeline   where a run's start-up went, per process and phase (from LOG_DIR/metrics.jsonl)
     soak_heal          kills and stops workers of a running Train.py at random moments; heal figures
+    suite_cpu          a pytest plugin (-p scripts.suite_cpu): each test's CPU over the whole machine, and wall time
     bench.*            the benchmarks (scripts/bench/__init__.py lists them)
 
 Shell tools (``bash scripts/NAME.sh``; ``--help`` on each):
