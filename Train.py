@@ -20,7 +20,7 @@ from harness.launch.agents import NodeLost
 from harness.resilience.interrupt import Interrupted, Interrupts, finished
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
-from harness.training.driver import Diverged, run
+from harness.training.driver import CheckFailed, Diverged, run
 from harness.training.nodes import exit_status, serve_node
 from harness.training.flags import parse
 
@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Train.py: error: {e}", file=sys.stderr)
             return exit_status(e)
         except (ChildError, Diverged) as e:         # the training code raised: a restart would raise it again
-            print(f"Train.py: {'training failed: ' * isinstance(e, ChildError)}{e}", file=sys.stderr)
+            failed = ("checking the inputs failed: " if isinstance(e, CheckFailed) else
+                      "training failed: " if isinstance(e, ChildError) else "")
+            print(f"Train.py: {failed}{e}", file=sys.stderr)
             return exit_status(e)
         except (ChildFailed, GaveUp, NodeLost) as e:    # workers died: an engine that started us may start us again
             print(f"Train.py: training failed: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import Train
 from harness.launch.launchers import read_hostfile
 from harness.training import ConfigError, TrainConfig
 from harness.training.checks import check
@@ -65,6 +66,17 @@ def test_a_model_that_returns_a_tuple_without_a_loss_is_refused_naming_what_it_r
     monkeypatch.syspath_prepend(str(tmp_path))
     line = train_error("--model", "tuple_model:make", monkeypatch=monkeypatch, capsys=capsys)
     assert "--model tuple_model:make does not fit --dataset digits: it returns a tuple, not a tensor of logits" in line
+
+
+def test_a_model_factory_that_raises_is_named_as_a_failed_check_with_its_traceback(tmp_path, monkeypatch, capsys):
+    (tmp_path / "broken_model.py").write_text("def make(info):\n    return info.no_such_field\n")
+    monkeypatch.syspath_prepend(str(tmp_path))             # the children get this process's sys.path
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    status = Train.main(["--model", "broken_model:make", "--save", str(tmp_path / "m.pt"),
+                         "--log-dir", str(tmp_path / "logs")])
+    err = capsys.readouterr().err
+    assert status == 1 and err.startswith("Train.py: checking the inputs failed: child 0 raised AttributeError: "), err
+    assert 'broken_model.py", line 2, in make' in err and not (tmp_path / "m.pt").exists()
 
 
 @pytest.mark.parametrize("fast_limit, devices", [(10**6, ["meta", "cpu"]), (10, ["meta"])])

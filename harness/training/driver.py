@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from harness.control import timeline
 from harness.launch.cluster import detect
 from harness.launch.launchers import Launcher
-from harness.parent import ChildFailed, Children, Parent
+from harness.parent import ChildError, ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery, restart_record, spend
@@ -39,6 +39,11 @@ WORKER_IMPORTS = ("harness.training.loop", "harness.checkout.datasets", "harness
 
 class Diverged(RuntimeError):
     """The loss or the parameters stopped being finite; the run stopped without saving them."""
+
+
+class CheckFailed(ChildError):
+    """The user's code raised while rank 0 checked the inputs (opening the data, building the model), before
+    anything trained; carries the child's traceback as ChildError does."""
 
 
 def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dict | None = None) -> list[dict]:
@@ -97,7 +102,10 @@ def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
     """``config`` with the checks that read files and build the model made by ``kids``' rank 0
     (``check_inputs_in``); ConfigError if one failed."""
     kids.exec(check_inputs_in, config)
-    checked = kids.wait()[0]
+    try:
+        checked = kids.wait()[0]
+    except ChildError as e:
+        raise CheckFailed(e.rank, e.traceback) from None
     if isinstance(checked, str):
         raise ConfigError(checked)
     return checked
