@@ -12,9 +12,9 @@ on the GPU host (measured when the parent made this check). A model that passes 
 failure there may be the meta device's own (``.item()``, a CPU tensor kept by the model, an operation
 without a meta kernel: Hugging Face's GPT-2 and Llama fail so), so it is refused only once real weights
 on the CPU fail too. A model of more than REAL_LIMIT parameters is never built on the CPU here: a
-failure on the meta device is then left to the workers to report. Of what depends on values, targets beyond the model's classes or vocabulary
-are checked apart on the meta device (``targets_beyond``); an input token id beyond the embedding is left
-to the workers.
+failure on the meta device is then left to the workers to report. Of what depends on values, targets
+beyond the model's classes or vocabulary are checked apart on the meta device (``targets_beyond``); an
+input token id beyond the embedding is left to the workers.
 """
 from __future__ import annotations
 
