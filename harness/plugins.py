@@ -13,12 +13,28 @@ def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"cannot import module '{module_name}' for {what} '{spec}': {e}") from None
+        raise _cannot_import(spec, what, e) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"module '{module_name}' has no callable '{attr}'; give 'package.module:factory' "
                          f"naming a function {signature} there")
     return factory
+
+
+def check_findable(spec: str, what: str) -> None:
+    """``import_factory``'s error where the module of ``spec`` cannot be found, found without importing it: Train.py's
+    parent checks --loss so, and leaves the import (of torch, often) to rank 0's checks."""
+    module_name = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as e:
+        raise _cannot_import(spec, what, e) from None
+    if found is None:
+        raise _cannot_import(spec, what, f"No module named '{module_name}'")
+
+
+def _cannot_import(spec: str, what: str, reason: object) -> ValueError:
+    return ValueError(f"cannot import module '{spec.partition(':')[0]}' for {what} '{spec}': {reason}")
 
 
 def unimportable(spec: str, what: str) -> str | None:

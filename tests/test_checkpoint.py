@@ -7,6 +7,7 @@ from torch import nn
 
 from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, load_checkpoint, save_checkpoint
 from harness.resilience.lock import NotWritable, check_writable
+from harness.resilience.saved_config import read_config
 
 
 def make_state(epoch: int = 3) -> dict:
@@ -99,6 +100,42 @@ def test_not_a_dict(tmp_path):
     with pytest.raises(CheckpointError, match="list") as info:
         load_checkpoint(path)
     assert str(path) in str(info.value)
+
+
+class _Calls:
+    """Unpickled, it would call os.system: a reader that resolved the pickle's globals would run it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_the_config_is_read_without_torch_and_without_calling_anything_in_the_file(tmp_path):
+    state = make_state()
+    state["config"]["name"] = "run"
+    state["extra"] = {"bf16": torch.ones(3, dtype=torch.bfloat16), "rng": torch.get_rng_state(), "bytes": b"\x00\xff",
+                      "calls": _Calls(tmp_path / "called")}
+    path = tmp_path / "ckpt.pt"
+    torch.save(state, path)
+    assert read_config(path) == state["config"]
+    assert not (tmp_path / "called").exists()
+    save_checkpoint(tmp_path / "plain.pt", make_state())
+    assert read_config(tmp_path / "plain.pt") == load_checkpoint(tmp_path / "plain.pt")["config"]
+
+
+def test_a_config_that_cannot_be_read_names_the_file(tmp_path):
+    garbage, truncated, listed = tmp_path / "garbage.pt", tmp_path / "truncated.pt", tmp_path / "list.pt"
+    garbage.write_bytes(b"this is not a checkpoint\n" * 10)
+    save_checkpoint(truncated, make_state())
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    torch.save([1, 2, 3], listed)
+    for path, problem in ((garbage, "not a readable checkpoint"), (truncated, "not a readable checkpoint"),
+                          (listed, "holds no run configuration"), (tmp_path / "nope.pt", "does not exist")):
+        with pytest.raises(CheckpointError, match=problem) as info:
+            read_config(path)
+        assert str(path) in str(info.value)
 
 
 def test_missing_keys_on_load(tmp_path):

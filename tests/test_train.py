@@ -100,19 +100,30 @@ def test_bad_input_is_one_line_error_before_any_worker(flags, message, tmp_path,
     assert not (tmp_path / "m.pt").exists()
 
 
-def test_the_parent_checks_trains_and_saves_without_importing_torch(tmp_path):
-    """Train.py's parent only supervises: rank 0 checks the data and the model for it, and the workers' exchanges
-    (a checkpoint's generators, param mode's parts) pass through it sealed. (--resume reads the checkpoint's
-    config in the parent, with torch; a bad input that rank 0 finds is one line all the same:
-    test_bad_input_is_one_line_error_before_any_worker.)"""
-    code = ("import sys, Train; status = Train.main(sys.argv[1:]); "
-            "print('torch in the parent' if 'torch' in sys.modules else 'no torch in the parent'); sys.exit(status)")
-    done = subprocess.run([sys.executable, "-c", code, "--epochs", "1", "--mode", "param", "--avg-every", "2",
-                           "--save", str(tmp_path / "a.pt"), "--log-dir", str(tmp_path)], capture_output=True,
+def test_the_parent_checks_trains_saves_resumes_and_logs_without_importing_torch(tmp_path):
+    """Train.py's parent only supervises: rank 0 checks the data, the model and --loss for it, the workers'
+    exchanges (a checkpoint's generators, param mode's parts) pass through it sealed, --resume reads the checkpoint's
+    config without torch (harness/resilience/saved_config.py) and --tensorboard writes with tensorboard's own
+    writer. A bad input that rank 0 finds is one line all the
+    same: test_bad_input_is_one_line_error_before_any_worker."""
+    first = ["--epochs", "1", "--mode", "param", "--avg-every", "2", "--save", str(tmp_path / "a.pt"),
+             "--log-dir", str(tmp_path / "a")]
+    resumed = ["--epochs", "2", "--resume", str(tmp_path / "a.pt"), "--save", str(tmp_path / "b.pt"),
+               "--log-dir", str(tmp_path / "b"), "--tensorboard"]
+    user = "tests.helpers.user_code"        # a loss of one's own, which imports torch: rank 0 imports it
+    own_loss = ["--model", f"{user}:linear", "--dataset", f"{user}:regression", "--loss", f"{user}:mse",
+                "--max-steps", "2", "--save", "", "--log-dir", str(tmp_path / "c")]
+    code = ("import json, sys, Train; statuses = [Train.main(flags) for flags in json.loads(sys.argv[1])]; "
+            "print('torch in the parent' if 'torch' in sys.modules else 'no torch in the parent'); "
+            "sys.exit(max(statuses))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([first, resumed, own_loss])], capture_output=True,
                           text=True, timeout=240, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "no torch in the parent", done.stderr
     assert load_checkpoint(tmp_path / "a.pt")["epoch"] == 1
-    [startup] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["event"] == "startup"]
+    assert load_checkpoint(tmp_path / "b.pt")["epoch"] == 2 and load_checkpoint(tmp_path / "b.pt")["config"]["mode"] == "param"
+    assert list((tmp_path / "b").glob("events.out.tfevents.*"))
+    assert [r["step"] for r in read_metrics(tmp_path / "c" / "metrics.jsonl") if r["event"] == "done"] == [2]
+    [startup] = [r for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if r["event"] == "startup"]
     parent, workers = startup["parent"], startup["workers"]      # the parent's checks overlap the workers' start
     assert parent["imported"] <= parent["forked"] < min(w["process"] for w in workers) <= parent["checked"]
 

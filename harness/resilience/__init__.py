@@ -4,6 +4,7 @@ parent's choice between healing and restarting from the checkpoint (``recovery``
 
 Imports the collectives (a heal builds a new communicator) but never the training loop: the loop
 calls these, not the other way round. The modules are imported where used (``checkpoint`` and
-``heal`` import torch; the parent's ``interrupt`` and ``recovery`` must not).
+``heal`` import torch; the parent's ``interrupt``, ``recovery`` and ``saved_config``, which reads a checkpoint's
+config for ``--resume``, must not).
 """
-__all__ = ["checkpoint", "heal", "interrupt", "recovery", "saver"]
+__all__ = ["checkpoint", "heal", "interrupt", "recovery", "saved_config", "saver"]

@@ -8,10 +8,7 @@ from typing import Any
 import torch
 
 from harness.resilience.lock import alive
-
-
-class CheckpointError(ValueError):
-    """A checkpoint path that cannot be read or written; the message names the path and the problem."""
+from harness.resilience.saved_config import CheckpointError
 
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "step", "config")
@@ -93,20 +90,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
     _check_keys(path, state)
     return state
-
-
-def read_config(path: str | os.PathLike) -> dict:
-    """The run configuration a checkpoint holds, read without loading its tensors (memory-mapped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist or is not a file; check the path")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:
-        raise CheckpointError(f"checkpoint {path} is not a readable checkpoint: {_reason(error)}") from error
-    if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
-        raise CheckpointError(f"checkpoint {path} holds no run configuration; was it written by Train.py?")
-    return state["config"]
 
 
 def _check_state(path: Path, state: dict) -> None:

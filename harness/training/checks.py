@@ -231,9 +231,9 @@ def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
         raise ConfigError(f"unknown model '{config.model}'; valid names: {', '.join(sorted(MODELS))}, "
                           "or package.module:factory")
     if config.loss is not None:
-        from harness.training.losses import make_loss
+        from harness.plugins import check_findable
         try:
-            make_loss(config.loss)
+            check_findable(config.loss, "loss")
         except ValueError as e:
             raise ConfigError(f"--loss: {e}") from None
     check_numbers(config)
@@ -383,6 +383,7 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     device); returns the config with ``samples`` and ``data_workers`` (this host's cores shared out) decided."""
     from harness.data.pipeline import default_data_workers
     from harness.resilience.checkpoint import CheckpointError, load_checkpoint
+    _check_loss(config)
     samples, validated = _check_data_and_model(config)
     config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
                             else default_data_workers(config.workers))
@@ -396,6 +397,16 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     if saved:
         _check_resumable(config, saved)
     return config
+
+
+def _check_loss(config: TrainConfig) -> None:
+    """--loss names a callable (the parent found its module without importing it: check_flags)."""
+    if config.loss is not None:
+        from harness.training.losses import make_loss
+        try:
+            make_loss(config.loss)
+        except ValueError as e:
+            raise ConfigError(f"--loss: {e}") from None
 
 
 def check_inputs_in(ctx: Any, config: TrainConfig) -> TrainConfig | str | None:

@@ -157,7 +157,7 @@ class TrainConfig:
         optimizer, schedule, length, ...) with ``changes`` over them; what ``resolve`` decides and the
         loader count (this machine's) are decided again. A change that a resume cannot take is
         refused by the checks (harness/training/checks.py), naming it."""
-        from harness.resilience.checkpoint import CheckpointError, read_config
+        from harness.resilience.saved_config import CheckpointError, read_config
         try:
             saved = cls.from_dict(read_config(resume))
         except CheckpointError as e:

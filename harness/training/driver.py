@@ -3,9 +3,8 @@
 This is Train.py's body and the Python API (``harness.training.run``). The workers start as soon as
 it is known where they run; the parent checks the other fields meanwhile, and rank 0 checks the files
 and the model as its first exec (harness/training/checks.py), so a bad input still fails before any
-worker trains. The parent imports no torch, so its CPU goes to the workers' start; only some flags make
-it: --resume (to read the saved config), --mode async (its parameter server and the checkpoints it
-writes), --loss (its check) and --tensorboard (the writer).
+worker trains. The parent imports no torch, so its CPU goes to the workers' start; only --mode async makes it
+(its parameter server and the checkpoints it writes).
 A worker that dies or hangs is healed in place or restarts the group from the last checkpoint,
 ``max_restarts`` times in all (harness/resilience/recovery.py).
 Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import threading
+import time
 
 from harness.training.imports import import_meanwhile
 
@@ -26,8 +27,7 @@ class MetricsLog:
         self._file = self.path.open("a", encoding="utf-8")
         self._board = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            self._board = SummaryWriter(str(log_dir))
+            self._board = Board(log_dir)
 
     def write(self, record: dict) -> None:
         """Append one record as a single line; tensors and numpy values are stored as numbers/lists."""
@@ -48,6 +48,24 @@ class MetricsLog:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class Board:
+    """TensorBoard scalars written with the tensorboard package's own event writer: torch's SummaryWriter wraps the
+    same writer, and would make Train.py's parent import torch (2 s and more before the workers start)."""
+
+    def __init__(self, log_dir: str | os.PathLike):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self._writer = EventFileWriter(str(log_dir))
+
+    def add_scalar(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(Event(wall_time=wall_time or time.time(), step=step, summary=summary))
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
