@@ -61,7 +61,7 @@ def read_config(path: str | os.PathLike) -> dict:
                 raise ValueError("no data.pkl in the archive")
             with archive.open(pickled) as stream:
                 state = _Unpickler(stream).load()
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+    except Exception as error:          # a zip that is not one, a pickle cut short or of another shape
         raise CheckpointError(f"checkpoint {path} is not a readable checkpoint: {error}") from error
     if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
         raise CheckpointError(f"checkpoint {path} holds no run configuration; was it written by Train.py?")
