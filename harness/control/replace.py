@@ -36,10 +36,13 @@ def replace_rank(group: Supervisor, rank: int) -> None:
         group.give_up(ChildFailed(rank, f"{reason}, and could not be healed: rank {ended[0]}'s function had "
                                         f"already ended", old.stderr_tail))
     group.generation += 1
-    spare = group.starter.take_spare(rank)
-    child = spare or group.starter.start(rank, group.generation)
-    child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
-    group.children[rank] = child
+    # The socket thread dispatches under the link's lock and drops a message from an identity it does not know; a
+    # child says hello once. So the new child, and the new spare take_spare starts, are recorded before it reads on.
+    with group.link.lock:
+        spare = group.starter.take_spare(rank)
+        child = spare or group.starter.start(rank, group.generation)
+        child.inbox["data"] = old.inbox["data"]      # what the dead child sent is still to be read
+        group.children[rank] = child
     group.failure, group.first_error = None, None
     deadline = time.monotonic() + START_TIMEOUT
     if group.wait_for(lambda: child.connected or None, deadline) is None:

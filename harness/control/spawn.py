@@ -139,7 +139,8 @@ class Starter:
     def take_spare(self, rank: int) -> ChildProcess | None:
         """The spare, renamed ``rank`` (the caller tells it so, once it is connected: an "assume" message
         with ``gpu_of(rank)``); a new spare starts meanwhile. A spare still importing is taken too: it
-        started before any new process could, so it is ready sooner. None if there is no live spare."""
+        started before any new process could, so it is ready sooner. None if there is no live spare.
+        The caller holds the link's lock until the new spare is recorded, so that its hello finds it."""
         spare = self.spare
         if spare is None or spare.process.poll() is not None:
             return None
