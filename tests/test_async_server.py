@@ -820,3 +820,19 @@ def test_a_killed_worker_is_replaced_in_place_from_its_last_applied_push_and_the
     assert any(r["time"] > recovered["time"] for r in saved[:-1])     # checkpoints after the heal, and the end's
     assert load_checkpoint(tmp_path / "model.pt")["step"] == saved[-1]["step"]
     assert left == [] and not list(Path("/dev/shm").glob("harness-async-*"))
+
+
+def test_the_parent_imports_its_server_beside_rank_0_s_checks_not_after_them(tmp_path, monkeypatch):
+    """The parameter server the parent serves imports torch: a thread starts that import once the workers are
+    forked, so that the workers, which get their first exec after the checks, do not wait for it too."""
+    import Train
+    from harness.training import driver
+    order = []
+    start_import, check = driver.import_meanwhile, driver.checked_by
+    monkeypatch.setattr(driver, "import_meanwhile",
+                        lambda modules, name: order.append(modules) or start_import(modules, name))
+    monkeypatch.setattr(driver, "checked_by", lambda kids, config: order.append("checks") or check(kids, config))
+    monkeypatch.setattr(driver, "plot_metrics", lambda records, path: None)
+    assert Train.main(["--mode", "async", "--max-steps", "4", "--save", str(tmp_path / "m.pt"),
+                       "--log-dir", str(tmp_path)]) == 0
+    assert order == [driver.SERVER_IMPORTS, "checks"]

@@ -120,7 +120,8 @@ def test_the_parent_checks_trains_saves_resumes_and_logs_without_importing_torch
                           text=True, timeout=240, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "no torch in the parent", done.stderr
     assert load_checkpoint(tmp_path / "a.pt")["epoch"] == 1
-    assert load_checkpoint(tmp_path / "b.pt")["epoch"] == 2 and load_checkpoint(tmp_path / "b.pt")["config"]["mode"] == "param"
+    resumed_state = load_checkpoint(tmp_path / "b.pt")
+    assert resumed_state["epoch"] == 2 and resumed_state["config"]["mode"] == "param"
     assert list((tmp_path / "b").glob("events.out.tfevents.*"))
     assert [r["step"] for r in read_metrics(tmp_path / "c" / "metrics.jsonl") if r["event"] == "done"] == [2]
     [startup] = [r for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if r["event"] == "startup"]

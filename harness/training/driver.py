@@ -4,7 +4,7 @@ This is Train.py's body and the Python API (``harness.training.run``). The worke
 it is known where they run; the parent checks the other fields meanwhile, and rank 0 checks the files
 and the model as its first exec (harness/training/checks.py), so a bad input still fails before any
 worker trains. The parent imports no torch, so its CPU goes to the workers' start; only --mode async makes it
-(its parameter server and the checkpoints it writes).
+(its parameter server and the checkpoints it writes), in a thread beside rank 0's checks.
 A worker that dies or hangs is healed in place or restarts the group from the last checkpoint,
 ``max_restarts`` times in all (harness/resilience/recovery.py).
 Started by an engine on several nodes, node 0 runs this with the nodes' agents as its launcher
@@ -28,10 +28,12 @@ from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery, restart_record, spend
 from harness.training.checks import check_flags, check_inputs_in, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
+from harness.training.imports import import_meanwhile
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
 from harness.training.nodes import nodes
 from harness.training.progress import Progress, describe_recovery
 
+SERVER_IMPORTS = ("harness.training.build",)     # --mode async: the parameter server the parent serves
 # torch._dynamo: what the first optimizer a process builds imports (about 1.8 s of a CPU worker's start).
 WORKER_IMPORTS = ("harness.training.loop", "harness.checkout.datasets", "harness.checkout.models", "torch._dynamo")
 
@@ -81,6 +83,8 @@ def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | Non
         with contextlib.ExitStack() as attempt:
             kids = attempt.enter_context(workers(config, gpus, launcher))
             timeline.mark(marks, "forked")
+            if flags is None:
+                import_server_meanwhile(config)
             flags = flags or check_flags(config, gpus)
             try:
                 checked = checked_by(kids, flags)
@@ -283,6 +287,13 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
             from harness.collectives.shared import SharedAreas
             served.log(everything=True)         # what the workers reported and saved last, also before an error
             SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
+
+
+def import_server_meanwhile(config: TrainConfig) -> None:
+    """--mode async: the parameter server's imports (torch) in a thread while rank 0 checks the inputs, rather than
+    after the checks, when the workers would wait for them before they train."""
+    if config.mode == "async":
+        import_meanwhile(SERVER_IMPORTS, "import-server")
 
 
 def async_server(config: TrainConfig, steps_per_epoch: int) -> Any:
