@@ -3,11 +3,13 @@ one's own, models that return their own loss, --loss with a regression target, a
 GPT2LMHeadModel (built from a config, nothing downloaded) on a datasets.Dataset, on 2 CPU workers."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import Test
 from harness.training.metrics import read_metrics
-from tests.helpers.training import run_train, stop_and_resume, train_error
+from tests.helpers.training import run_test_py, run_train, stop_and_resume, train_error
 
 USER = "tests.helpers.user_code"
 
@@ -29,11 +31,18 @@ def test_a_dict_batch_model_with_its_own_loss_trains_and_resumes_exactly(tmp_pat
     assert all(r["val_error"] is None and r["val_loss"] > 0 for r in epochs)
 
 
-def test_loss_names_a_regression_loss_of_ones_own(tmp_path):
-    run_train(tmp_path, "--model", f"{USER}:linear", "--dataset", f"{USER}:regression", "--loss", f"{USER}:mse",
-              "--epochs", "6", "--lr", "0.05", "--batch-size", "16", name="mse")
+def test_loss_names_a_regression_loss_of_ones_own(tmp_path, capsys):
+    """A regression's float targets (and its single output) are no class labels: no classification error in
+    validation, and Test.py reports the loss alone."""
+    _, saved = run_train(tmp_path, "--model", f"{USER}:linear", "--dataset", f"{USER}:regression", "--loss",
+                         f"{USER}:mse", "--epochs", "6", "--lr", "0.05", "--batch-size", "16", name="mse")
     epochs = epochs_of(tmp_path, "mse")
     assert epochs[-1]["train_loss"] < 0.1 * epochs[0]["train_loss"] and epochs[-1]["val_loss"] < 0.1
+    assert all(r["val_error"] is None for r in epochs)
+    status, out, _ = run_test_py(capsys, "--checkpoint", str(saved), "--json")
+    result = json.loads(out)
+    assert status == 0 and result["loss"] < 0.1 and result["accuracy"] is None
+    assert result["per_class_accuracy"] == [] and result["confusion_matrix"] is None and result["examples"] == []
 
 
 @pytest.mark.parametrize("loss, said", [("nowhere.module:fn", "cannot import module 'nowhere.module'"),

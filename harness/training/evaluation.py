@@ -41,9 +41,11 @@ def evaluate(model: torch.nn.Module, forward: Callable[[Batch], tuple[Any, torch
 
 
 def _predicted(out: Any, batch: Batch) -> torch.Tensor | None:
-    """The predicted classes, where the batch has targets they can be compared with."""
+    """The predicted classes, where the batch has class labels they can be compared with: integer targets, one
+    per row of logits over two classes or more (a regression's float targets, or a single output, have none)."""
     logits = logits_of(out)
-    if is_pair(batch) and logits is not None and logits.shape[:-1] == batch[1].shape:
+    if is_pair(batch) and logits is not None and logits.shape[:-1] == batch[1].shape and logits.shape[-1] > 1 \
+            and not batch[1].is_floating_point() and not batch[1].is_complex():
         return logits.argmax(-1)
     return None
 
@@ -106,11 +108,10 @@ def examples(state: dict) -> list[dict]:
     batch = next(evaluation_batches(test, 0, max(1, len(test) // EXAMPLES), EXAMPLES, torch.device("cpu")))
     with torch.no_grad():
         out = call_model(model, batch)
-    logits = logits_of(out)
-    if not is_pair(batch) or logits is None:
+    if _predicted(out, batch) is None:        # no class labels to show predictions against
         return []
     x, y = batch
-    probabilities = logits.float().softmax(-1)
+    probabilities = logits_of(out).float().softmax(-1)
     if config.dataset == "oddeven":
         numbers = decode_oddeven(x)
         return [{"input": int(n), "p_odd": float(p[1])} for n, p in zip(numbers, probabilities)]
@@ -123,8 +124,8 @@ def summarize(state: dict, score: dict, shown: list[dict]) -> dict:
     """Test.py's result: the loss, and where predictions can be counted the accuracy, per-class accuracy
     and confusion matrix (None and [] where they cannot), the samples, examples."""
     confusion = score["confusion"]
-    if confusion.shape == (1, 2):               # hits only (see MAX_CONFUSION_CLASSES), or nothing counted
-        counted, hits = int(confusion[0, 1]), int(confusion[0, 0])
+    if confusion.shape == (1, 2) or not confusion.any():      # hits only (MAX_CONFUSION_CLASSES), or none counted
+        counted, hits = (int(confusion[0, 1]), int(confusion[0, 0])) if confusion.shape == (1, 2) else (0, 0)
         per_class, matrix = [], None
     else:
         counted, hits = int(confusion.sum()), int(confusion.diag().sum())
