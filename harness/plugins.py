@@ -25,16 +25,23 @@ def check_findable(spec: str, what: str) -> None:
     """``import_factory``'s error where the module of ``spec`` cannot be found, found without importing it: Train.py's
     parent checks --loss so, and leaves the import (of torch, often) to rank 0's checks."""
     module_name = spec.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError) as e:
-        raise _cannot_import(spec, what, e) from None
-    if found is None:
-        raise _cannot_import(spec, what, f"No module named '{module_name}'")
+    why = _not_found(module_name)
+    if why is not None:
+        raise _cannot_import(spec, what, why or f"No module named '{module_name}'")
 
 
 def _cannot_import(spec: str, what: str, reason: object) -> ValueError:
     return ValueError(f"cannot import module '{spec.partition(':')[0]}' for {what} '{spec}': {reason}")
+
+
+def _not_found(module: str) -> str | None:
+    """None when ``module`` can be found here (without importing it); else find_spec's error, or "" when it simply
+    finds nothing."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:
+        return str(e)
+    return None if found is not None else ""
 
 
 def unimportable(spec: str, what: str) -> str | None:
@@ -44,14 +51,10 @@ def unimportable(spec: str, what: str) -> str | None:
     if ":" not in spec:
         return None
     module = spec.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as e:
-        found, reason = None, f" ({e})"
-    else:
-        reason = ""
-    if found is not None:
+    why = _not_found(module)
+    if why is None:
         return None
+    reason = f" ({why})" if why else ""
     return (f"the {what} '{spec}' comes from module '{module}', which cannot be imported here{reason}; run from "
             f"the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)")
 
