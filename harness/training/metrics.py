@@ -55,14 +55,14 @@ class Board:
     same writer, and would make Train.py's parent import torch (2 s and more before the workers start)."""
 
     def __init__(self, log_dir: str | os.PathLike):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        self._writer = EventFileWriter(str(log_dir))
-
-    def add_scalar(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
-        self._writer.add_event(Event(wall_time=wall_time or time.time(), step=step, summary=summary))
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self._writer, self._event, self._summary = EventFileWriter(str(log_dir)), Event, Summary
+
+    def add_scalar(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
+        self._writer.add_event(self._event(wall_time=wall_time or time.time(), step=step, summary=summary))
 
     def close(self) -> None:
         self._writer.close()
