@@ -124,13 +124,13 @@ def summarize(state: dict, score: dict, shown: list[dict]) -> dict:
     """Test.py's result: the loss, and where predictions can be counted the accuracy, per-class accuracy
     and confusion matrix (None and [] where they cannot), the samples, examples."""
     confusion = score["confusion"]
-    if confusion.shape == (1, 2) or not confusion.any():      # hits only (MAX_CONFUSION_CLASSES), or none counted
-        counted, hits = (int(confusion[0, 1]), int(confusion[0, 0])) if confusion.shape == (1, 2) else (0, 0)
+    if confusion.shape == (1, 2):               # hits only (see MAX_CONFUSION_CLASSES), or nothing counted
+        counted, hits = int(confusion[0, 1]), int(confusion[0, 0])
         per_class, matrix = [], None
     else:
         counted, hits = int(confusion.sum()), int(confusion.diag().sum())
-        per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist()
-        matrix = confusion.tolist()
+        per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist() if counted else []
+        matrix = confusion.tolist() if counted else None
     return {"accuracy": hits / counted if counted else None, "loss": score["loss_sum"] / max(score["samples"], 1),
             "samples": counted or score["samples"], "per_class_accuracy": per_class, "confusion_matrix": matrix,
             "examples": shown, "model": state["config"]["model"], "dataset": state["config"]["dataset"],
