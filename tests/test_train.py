@@ -104,8 +104,8 @@ def test_the_parent_checks_trains_saves_resumes_and_logs_without_importing_torch
     """Train.py's parent only supervises: rank 0 checks the data, the model and --loss for it, the workers'
     exchanges (a checkpoint's generators, param mode's parts) pass through it sealed, --resume reads the checkpoint's
     config without torch (harness/resilience/saved_config.py) and --tensorboard writes with tensorboard's own
-    writer. A bad input that rank 0 finds is one line all the
-    same: test_bad_input_is_one_line_error_before_any_worker."""
+    writer. A bad input that rank 0 finds is one line all the same:
+    test_bad_input_is_one_line_error_before_any_worker."""
     first = ["--epochs", "1", "--mode", "param", "--avg-every", "2", "--save", str(tmp_path / "a.pt"),
              "--log-dir", str(tmp_path / "a")]
     resumed = ["--epochs", "2", "--resume", str(tmp_path / "a.pt"), "--save", str(tmp_path / "b.pt"),
