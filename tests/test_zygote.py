@@ -12,12 +12,14 @@ from tests.helpers.processes import alive, wait_gone
 
 
 def what_a_child_has(ctx, name: str) -> dict:
+    import gc
     import tempfile
     import numpy
     import torch
     return {"pid": os.getpid(), "zygote": os.getppid(), "comm": open(f"/proc/{os.getpid()}/comm").read().strip(),
             "variable": os.environ.get(name), "tmp": tempfile.gettempdir(), "cwd": os.getcwd(),
-            "numpy": int(numpy.random.randint(1 << 30)), "threads": torch.get_num_threads()}
+            "numpy": int(numpy.random.randint(1 << 30)), "threads": torch.get_num_threads(),
+            "frozen": gc.get_freeze_count(), "collecting": gc.isenabled()}
 
 
 def test_children_are_forked_warm_and_each_takes_its_own_environment(tmp_path, monkeypatch):
@@ -37,6 +39,17 @@ def test_children_are_forked_warm_and_each_takes_its_own_environment(tmp_path, m
     assert {child["comm"] for child in a + b} == {"harness.child"}
     assert {(child["tmp"], child["cwd"], child["threads"]) for child in a + b} == {(str(tmp_path), str(tmp_path), 1)}
     assert len({child["numpy"] for child in a + b}) == 4
+    # torch's objects, imported by the zygote, are out of the children's collections, which still run
+    assert all(child["frozen"] > 100_000 and child["collecting"] for child in a + b)
+
+
+def test_a_preload_that_fails_is_passed_over_and_what_was_imported_is_frozen_with_collection_back_on():
+    """What a fresh child (over ssh or srun) does with its preloads, and the zygote with its own."""
+    probe = ("import gc, sys; from harness.plugins import preload; before = gc.get_freeze_count(); "
+             "preload(['no_such_module_here', 'json', 'email.parser']); "
+             "print(gc.get_freeze_count() > before, gc.isenabled(), 'email.parser' in sys.modules)")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["True", "True", "True"]
 
 
 def test_a_variable_read_at_import_gets_a_zygote_of_its_own(monkeypatch):

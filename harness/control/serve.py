@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import faulthandler
-import importlib
 import os
 import time
 import traceback
@@ -39,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
+from .. import plugins
 from ..plugins import import_factory
 from . import timeline, wire
 from .endpoint import secure
@@ -202,11 +202,7 @@ class Server:
             self.link.send(("hello", None, not preload))
             self.link.start()
             self._preloading = True
-            for module in preload:
-                try:
-                    importlib.import_module(module)
-                except Exception:       # the exec that needs it will raise the error itself, to the parent
-                    pass
+            plugins.preload(preload)
             self._preloading = False
             self.link.send(("ready", None, None))
             while True:

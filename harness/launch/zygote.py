@@ -31,7 +31,6 @@ would have made anew, a child remakes: its name, numpy's seed, the temporary dir
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import selectors
@@ -218,9 +217,8 @@ def _warm_up() -> None:
     """Import what every child will: its preloads, from the parent's sys.path. A preload that fails
     is left to each child, which reports the error to the parent as a fresh interpreter would."""
     sys.path[:] = json.loads(os.environ.get("HARNESS_SYS_PATH", "[]")) or sys.path
-    for name in ["harness.child", *filter(None, os.environ.get("HARNESS_PRELOAD", "").split(","))]:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
+    from harness.plugins import preload
+    preload(["harness.child", *filter(None, os.environ.get("HARNESS_PRELOAD", "").split(","))])
     import warnings         # forking with a thread pool's idle threads (OpenBLAS's) is what we mean to do
     warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning)
 
