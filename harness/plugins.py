@@ -1,5 +1,5 @@
 """``package.module:factory`` names, the way users plug their own models and datasets in; registries'
-factories imported at their first call."""
+factories imported at their first call; a child's preloads imported ahead of its work."""
 from __future__ import annotations
 
 import contextlib

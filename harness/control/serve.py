@@ -38,8 +38,7 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from .. import plugins
-from ..plugins import import_factory
+from ..plugins import import_factory, preload as import_preloads
 from . import timeline, wire
 from .endpoint import secure
 from .errors import PeerFailed
@@ -202,7 +201,7 @@ class Server:
             self.link.send(("hello", None, not preload))
             self.link.start()
             self._preloading = True
-            plugins.preload(preload)
+            import_preloads(preload)
             self._preloading = False
             self.link.send(("ready", None, None))
             while True:
