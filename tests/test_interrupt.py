@@ -10,10 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
+import pytest
 import torch
+import zmq
 
 from harness import Parent
+from harness.control import wire
+from harness.control.link import Link
+from harness.resilience.interrupt import Interrupted, Interrupts
 from harness.resilience.checkpoint import load_checkpoint
 from tests.helpers import ROOT
 from tests.helpers.runs import finish, interrupt, interrupted, left_in_tmp, start_train, wait_for_stderr
@@ -56,6 +62,36 @@ def test_a_second_signal_stops_at_once_without_a_traceback(tmp_path):
     assert err.strip().splitlines()[-1] == ("Train.py: stopped at once by SIGINT (the second signal); "
                                             "nothing saved since the last checkpoint")
     assert left == [] and left_in_tmp(tmp_path) == []
+
+
+def test_the_second_signal_while_a_child_s_message_is_decoded_stops_the_run_rather_than_failing_the_child(
+        monkeypatch):
+    """Once in CI the second Ctrl-C came while the parent's main thread decoded a child's message: its Interrupted
+    was taken for that message's fault ("could not decode"), and Train.py exited 1 instead of 130."""
+    context = zmq.Context.instance()
+    parents_end, childs_end = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    parents_end.bind("inproc://second-signal")
+    childs_end.connect("inproc://second-signal")
+    key, dispatched = os.urandom(32), []
+    parent = Link(parents_end, key, lambda sender, message: dispatched.append(message), lambda: None)
+    decode = wire.unpack
+
+    def decode_as_the_second_signal_comes(*args):
+        os.kill(os.getpid(), signal.SIGINT)         # its handler runs in this thread before the decoding ends
+        return decode(*args)
+
+    monkeypatch.setattr(wire, "unpack", decode_as_the_second_signal_comes)
+    try:
+        with Interrupts() as caught:
+            caught.watch(SimpleNamespace(signal=lambda signum: None))
+            os.kill(os.getpid(), signal.SIGINT)     # the first: forwarded to the (stand-in) children
+            Link(childs_end, key, lambda *_: None, lambda: None).send(("record", None, "a child's record"))
+            with pytest.raises(Interrupted, match="the second signal"):
+                parent.pump(5.0)
+    finally:
+        parents_end.close(linger=0)
+        childs_end.close(linger=0)
+    assert dispatched == []
 
 
 def _count_until_stopped(ctx):

@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM that stops the run at once, without a checkpoint."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM that stops the run at once, without a checkpoint.
+
+    A BaseException, as KeyboardInterrupt is: the handler raises it wherever the parent's main thread happens to be,
+    and the ``except Exception`` there guards other work (decoding a child's message, a service's answer), whose
+    failure it would be taken for."""
 
     def __init__(self, signum: int, when: str):
         self.signum = signum
