@@ -45,6 +45,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from harness.plugins import preload
+
 # The variables that Python, the loader and the preloads (torch, its compilers, the BLAS and OpenMP
 # runtimes) may read while they are imported: a zygote serves only children that agree with it on
 # these, on its preloads and on sys.path. Every other variable is the child's own, read after the fork
@@ -217,7 +219,6 @@ def _warm_up() -> None:
     """Import what every child will: its preloads, from the parent's sys.path. A preload that fails
     is left to each child, which reports the error to the parent as a fresh interpreter would."""
     sys.path[:] = json.loads(os.environ.get("HARNESS_SYS_PATH", "[]")) or sys.path
-    from harness.plugins import preload
     preload(["harness.child", *filter(None, os.environ.get("HARNESS_PRELOAD", "").split(","))])
     import warnings         # forking with a thread pool's idle threads (OpenBLAS's) is what we mean to do
     warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning)
