@@ -2,12 +2,11 @@
 
 The parent hands over everything through the environment (never argv, which ``ps`` shows):
 the ZeroMQ endpoint, the run's signing key, the rank, the world size and its ``sys.path``. A child
-started over ssh (``python -m harness.child --stdin``) reads them as a JSON line from stdin instead,
-and exits when stdin ends or when the parent is silent for the heartbeat timeout: that is how a
-child on another host learns that the parent, or the network between them, is gone
-(harness/control/lifeline.py). The child then serves: it waits for ``exec`` messages, runs each
-shipped function as ``fn(ctx, *args, **kwargs)`` and reports the return value or the exception's
-traceback. This file holds ``Context``, the verbs that function calls; the serve loop and the wire
+exits when its parent process ends (the parent, or the zygote that forked it) and, on another host,
+when the parent is silent for the heartbeat timeout: that is how a child on another host learns that
+the parent, or the network between them, is gone (harness/control/lifeline.py). The child then
+serves: it waits for ``exec`` messages, runs each shipped function as ``fn(ctx, *args, **kwargs)`` and
+reports the return value or the exception's traceback. This file holds ``Context``, the verbs that function calls; the serve loop and the wire
 protocol are in harness/control/serve.py.
 
 SIGINT and SIGTERM never end a child: they are recorded as ``ctx.interrupted`` (the signal's
@@ -29,7 +28,7 @@ import signal
 import sys
 from typing import Any, Callable, Sequence
 
-from .control import lifeline, serve, timeline
+from .control import serve, timeline
 from .control.errors import PeerFailed
 
 __all__ = ["Context", "PeerFailed", "main"]
@@ -193,8 +192,6 @@ def main() -> None:
     """``python -m harness.child``: take the parent's settings, serve it until it says stop, exit."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, serve.record_signal)
-    if "--stdin" in sys.argv[1:]:
-        lifeline.environment_from_stdin()
     env = os.environ
     sys.path[:] = json.loads(env.pop("HARNESS_SYS_PATH", "[]")) or sys.path
     key = bytes.fromhex(env.pop("HARNESS_KEY"))

@@ -1,9 +1,9 @@
 """The parent: forks child workers and talks to them. It never touches CUDA; it supervises.
 
 ``Parent`` owns the run (its signing key and private socket directory); ``Parent.fork`` starts a
-group of ``Children`` (on this machine forked by a warm interpreter that imported their preloads
-once: harness/launch/zygote.py; elsewhere ``python -m harness.child`` over ssh or srun) and returns
-at once: the first exec waits for them to connect. The group's API reads like Lua's ``parallel``:
+group of ``Children`` (forked by a warm interpreter that imported their preloads once:
+harness/launch/zygote.py; on other hosts by such a one in each host's session, started over ssh or
+srun) and returns at once: the first exec waits for them to connect. The group's API reads like Lua's ``parallel``:
 exec, join, send, scatter, receive, wait. Every blocking call also watches the children: a child
 that exits or stops sending heartbeats ends the call with ``ChildFailed`` in seconds, after the
 others have been told to abort and have been stopped. Nothing hangs and nothing is left running.
@@ -13,7 +13,8 @@ the warm spare (``spawn``), watching them, aborting and stopping (``supervise``)
 send (``mailbox``), healing (``replace``) and the signed socket they share (``link``, ``wire``).
 
 Children may run on other hosts: ``fork(..., launcher=Ssh(hosts))`` or ``Slurm()`` (harness/launch/launchers.py)
-starts each through ssh or srun, and the group talks over TCP (harness/control/endpoint.py). The parent then
+forks them there through one session a host (harness/launch/session.py), and the group talks over TCP
+(harness/control/endpoint.py). The parent then
 also sends heartbeats, so that a child cut off from it exits by itself, and forwards signals as
 messages; a failure names the child's host.
 
@@ -91,7 +92,7 @@ class Children:
 
     @property
     def pids(self) -> list[int]:
-        """The local processes: the children, or for remote children their ssh or srun clients."""
+        """The children's process ids (a remote child's on its host)."""
         return [c.pid for c in self._watch.children]
 
     @property
@@ -194,6 +195,7 @@ class Parent:
         self._dir = Path(tempfile.mkdtemp(prefix="harness-"))     # mode 0700: other users cannot connect
         self._context = zmq.Context.instance()
         self._groups: list[Children] = []
+        self._launchers: list[Launcher] = []     # those fork made from a name: this parent releases them
         self._count = itertools.count()
 
     def fork(self, n: int, gpus: placement.GpuSpec = None, env: Mapping[str, str] | None = None,
@@ -215,6 +217,7 @@ class Parent:
             raise ValueError(f"fork(n={n!r}): n must be a positive integer")
         if launcher is None or isinstance(launcher, str):
             launcher = make_launcher(launcher or "local", hosts, hostfile)
+            self._launchers.append(launcher)
         places = launcher.place(n)
         if launcher.remote:
             assigned = placement.assign_on_hosts([(index, count) for _, index, count in places], gpus)
@@ -232,11 +235,14 @@ class Parent:
         return group
 
     def close(self) -> None:
-        """Stop every child of every group and remove the socket directory."""
+        """Stop every child of every group, end the remote hosts' sessions of the launchers ``fork`` made
+        (one passed in is its maker's to release) and remove the socket directory."""
         try:
             for group in self._groups:
                 group.stop()
         finally:
+            for launcher in self._launchers:
+                launcher.release()
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "Parent":

@@ -44,7 +44,7 @@ def test_children_are_forked_warm_and_each_takes_its_own_environment(tmp_path, m
 
 
 def test_a_preload_that_fails_is_passed_over_and_what_was_imported_is_frozen_with_collection_back_on():
-    """What a fresh child (over ssh or srun) does with its preloads, and the zygote with its own."""
+    """What a fresh child (one whose preloads used CUDA) does with its preloads, and the zygote with its own."""
     probe = ("import gc, sys; from harness.plugins import preload; before = gc.get_freeze_count(); "
              "preload(['no_such_module_here', 'json', 'email.parser']); "
              "print(gc.get_freeze_count() > before, gc.isenabled(), 'email.parser' in sys.modules)")

@@ -2,24 +2,21 @@
 
 Nobody else would ever stop it, and it may hold a GPU. How a child notices depends on where it runs:
 
-* on the parent's machine its parent process is the parent itself: when ``getppid`` changes, it is
-  gone. A parent that was killed could not remove its private socket directory; its children do
-  (each its socket, and the directory once empty);
-* on another host its parent process is sshd's or slurmstepd's: the parent sends heartbeats instead
-  (harness/control/supervise.py), and a child that hears nothing for the heartbeat timeout exits (its
-  host may have been cut off from the parent's);
-* started over ssh (``python -m harness.child --stdin``), its settings come as one JSON line on
-  stdin, which then stays open for as long as the parent's ssh client runs: end of stdin is the end.
+* its parent process is the parent itself, or the zygote that forked it for the parent
+  (``HARNESS_PARENT_PID``): when ``getppid`` changes, it is gone (a zygote ends with its parent). A
+  parent that was killed could not remove its private socket directory; its children do (each its
+  socket, and the directory once empty);
+* on another host its parent process is its host session's zygote (harness/launch/session.py), which
+  a cut-off network does not end: the parent sends heartbeats too (harness/control/supervise.py), and
+  a child that hears nothing for the heartbeat timeout exits.
 
 The serve loop (harness/control/serve.py) calls ``Lifeline.check`` on every housekeeping tick and
 ``Lifeline.heard`` for every message from the parent.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
 import time
 
 
@@ -44,18 +41,6 @@ class Lifeline:
         silent = time.monotonic() - self._heard
         if silent > self._timeout:
             exit_because(f"nothing heard from the parent for {silent:.0f} s: it or the network is gone")
-
-
-def environment_from_stdin() -> None:
-    """``--stdin`` (a child started over ssh): the environment comes as one JSON line, and then stdin
-    stays open for as long as the parent's ssh client runs."""
-    os.environ.update(json.loads(sys.stdin.buffer.readline() or b"{}"))
-
-    def watch() -> None:
-        while sys.stdin.buffer.read(65536):
-            pass
-        exit_because("the parent's ssh session ended")
-    threading.Thread(target=watch, name="harness-stdin", daemon=True).start()
 
 
 def exit_because(reason: str) -> None:

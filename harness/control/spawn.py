@@ -3,12 +3,10 @@ keeps of it, and the warm spare.
 
 The group decides *when* a child starts (at fork: harness/control/supervise.py; in a dead rank's
 place: harness/control/replace.py); this module knows *how*. A child is started by the group's
-launcher (harness/launch/launchers.py: forked by the zygote on this machine, ``python -m
-harness.child`` over ssh or srun) with
-everything it needs in its environment: the endpoint and key to reach the parent, its rank, its GPU,
-the parent's ``sys.path``. Its stderr is read by a
-thread of its own, forwarded with a ``[rank]`` prefix and its last lines kept for the error that
-reports its death.
+launcher (harness/launch/launchers.py: forked by the zygote on this machine, by its host's session
+over ssh or srun) with everything it needs in its environment: the endpoint and key to reach the
+parent, its rank, its GPU, the parent's ``sys.path``. Its stderr is read by a thread of its own,
+forwarded with a ``[rank]`` prefix and its last lines kept for the error that reports its death.
 
 A healing group on this machine keeps a **warm spare**: a child started ahead under an identity of
 its own ("spare:N"), connected and with its preloads imported, which waits to be told which rank it
@@ -104,7 +102,7 @@ def environment(rank: int, n: int, gpu: int | None, place: tuple[str, int, int],
         "HARNESS_SYS_PATH": json.dumps([p or os.getcwd() for p in sys.path]),
         "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")])),
     })
-    if remote:      # its parent process is sshd's or slurmstepd's: it watches for our heartbeats instead
+    if remote:      # its parent process is its host session's zygote: it watches for our heartbeats too
         env["HARNESS_HEARTBEAT_TIMEOUT"] = str(heartbeat_timeout)
         env.pop("HARNESS_ON_PARENT_MACHINE", None)
     else:           # and it may share memory with us (harness/collectives/shared.py)

@@ -3,10 +3,10 @@
 It finds the parent (node 0's Train.py) at the rendezvous address (harness/launch/cluster.py), retrying
 name resolution and connection until ``FIND_TIMEOUT`` and saying what it waits for: on Kubernetes the
 master's name resolves only once its pod is up, and it refuses connections for seconds more. It says
-hello (its node rank, the job's node count, its address, GPUs and slots), then serves the parent: each
-child the parent asks for is forked here by the zygote (harness/launch/zygote.py) with the environment the
-parent made for it, and its pid, stderr lines and exit status go back; signals and kills come as
-messages. The protocol is harness/launch/agents.py's.
+hello (its node rank, the job's node count, its address, GPUs and slots), then serves the parent as every
+host's forker does (harness/launch/remote.py: ``Served``): each child the parent asks for is forked here
+by the zygote with the environment the parent made for it, and its pid, stderr lines and exit status go
+back; signals and kills come as messages. The hello is harness/launch/agents.py's.
 
 When the parent ends the run, the agent exits with the parent's exit status, so that the engine sees
 every node end alike. An agent that hears nothing from the parent for the heartbeat timeout kills its
@@ -24,11 +24,9 @@ then count as a second one, which stops the run without saving.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket as sockets
 import sys
-import threading
 import time
 from dataclasses import replace
 from typing import Any, Mapping
@@ -36,11 +34,11 @@ from typing import Any, Mapping
 import zmq
 
 from harness.control import wire
-from . import trust, zygote
-from .agents import HEARTBEAT, POLL_MS
+from . import trust
 from .cluster import RETRY_EXIT, ClusterStart, rendezvous
 from .launchers import address_toward
-from .placement import on_this_node, resolve_gpus, visible_gpus
+from .placement import resolve_gpus, visible_gpus
+from .remote import Channel, Served
 
 FIND_TIMEOUT = 300.0    # s an agent looks for the parent when the job starts
 GRACE = 60.0            # s an agent that lost the parent waits for it to come back
@@ -81,7 +79,7 @@ def serve(start: ClusterStart, slots: int, gpus: int, heartbeat_timeout: float,
                 return RETRY_EXIT
             print(f"node {start.node_rank}: connected to the parent at {host}:{port}", flush=True)
             signals.serving = True
-            status = Served(socket, key, heartbeat_timeout).run()
+            status = Served(SignedLink(socket, key), heartbeat_timeout).run()
             signals.serving = False
             if status is not None:
                 return status
@@ -184,72 +182,23 @@ class Signals:
             signal.signal(signum, previous)
 
 
-class Served:
-    """One run served: the parent's requests in, the children's news out, until "end" or the parent's silence."""
+class SignedLink(Channel):
+    """The agent's end of the node link: a ZeroMQ DEALER, every frame signed (harness/control/wire.py)."""
 
-    def __init__(self, socket: zmq.Socket, key: bytes, heartbeat_timeout: float):
-        self._socket, self._key, self._timeout = socket, trust.derive(key, "sign"), heartbeat_timeout
-        self._children: dict[int, zygote.Forked] = {}
-        self._news: queue.Queue = queue.Queue()      # from the children's watcher threads
-        self._base = dict(os.environ)                 # the pre-shared key is gone from it already
+    def __init__(self, socket: zmq.Socket, key: bytes):
+        self._socket, self._key = socket, trust.derive(key, "sign")
 
-    def run(self) -> int | None:
-        """The parent's exit status once it ends the run; None when it fell silent (the children killed)."""
-        heard = sent = time.monotonic()
-        try:
-            while True:
-                if self._socket.poll(POLL_MS):
-                    message = self._receive()
-                    if message is not None:
-                        heard = time.monotonic()
-                        if message[0] == "end":
-                            return message[1]
-                        self._do(*message)
-                while not self._news.empty():
-                    self._send(self._news.get())
-                if time.monotonic() - sent >= HEARTBEAT:
-                    sent = time.monotonic()
-                    self._send(("heartbeat", None))
-                if time.monotonic() - heard > self._timeout:
-                    return None
-        finally:
-            self._end_children()
-            self._socket.close()
+    def poll(self, timeout_ms: int) -> bool:
+        return bool(self._socket.poll(timeout_ms))
 
-    def _receive(self) -> tuple | None:
+    def receive(self) -> tuple | None:
         try:
             return wire.unpack(self._key, self._socket.recv_multipart())
         except wire.BadSignature:
             return None
 
-    def _send(self, message: tuple) -> None:
+    def send(self, message: tuple) -> None:
         self._socket.send_multipart(wire.pack(self._key, message))
 
-    def _do(self, kind: str, payload: Any) -> None:
-        if kind == "start":
-            number, env = payload
-            env = on_this_node({**self._base, **env})
-            child = self._children[number] = zygote.for_environment(env).fork(env)
-            threading.Thread(target=self._watch, args=(number, child), name=f"harness-agent-{number}",
-                             daemon=True).start()
-        elif kind == "signal" and payload[0] in self._children:
-            child = self._children[payload[0]]
-            if payload[1] == signal.SIGKILL:
-                child.kill()        # also one the zygote has not forked yet
-            else:
-                child.send_signal(payload[1])
-
-    def _watch(self, number: int, child: zygote.Forked) -> None:
-        """Report the child's pid, each stderr line and its exit status, in that order."""
-        self._news.put(("started", (number, child.pid)))
-        for line in iter(child.stderr.readline, b""):
-            self._news.put(("stderr", (number, line)))
-        child.stderr.close()
-        self._news.put(("exited", (number, child.wait())))
-
-    def _end_children(self) -> None:
-        for child in self._children.values():
-            if child.poll() is None:
-                child.kill()
-        for child in self._children.values():
-            child.wait()
+    def close(self) -> None:
+        self._socket.close()

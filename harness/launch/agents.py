@@ -6,16 +6,15 @@ runs on every node. On node 0 it is the parent; on each other node a node agent
 ``rendezvous``), says which node it is, its address and how many workers it runs (its slots), and from
 then on starts, signals and reports the children the parent asks it for. ``Agents`` is that parent's
 launcher: node 0's own children are forked by the zygote here, as ``Local`` forks them, and every other
-node's child is an ``AgentChild``, the process the supervisor watches as it watches an ssh client. The
-rest is the run an ``Ssh`` launcher makes: the children reach the parent over TCP and watch its
+node's child is a ``RemoteChild`` (harness/launch/remote.py), as an ssh run's are. The rest is the run
+an ``Ssh`` launcher makes: the children reach the parent over TCP and watch its
 heartbeats, NCCL or gloo spans the nodes, a dead child is healed in place.
 
 The link (one ROUTER here, one DEALER on each agent) is encrypted and signed with keys made from the key
 every node shares (harness/launch/trust.py). Messages are (kind, payload):
 agent -> parent: ("hello", {"node_rank", "nodes", "engine", "restart_count", "address", "slots", "gpus",
-"host"}), ("heartbeat", None), ("started", (child, pid)), ("stderr", (child, line)), ("exited", (child, status));
-parent -> agent: ("welcome", node_rank) or ("refused", reason) in answer to a hello, ("heartbeat", None),
-("start", (child, environment)), ("signal", (child, signum)), ("end", exit status).
+"host"}); parent -> agent: ("welcome", node_rank) or ("refused", reason) in answer to a hello; then the
+messages of every host's forker (harness/launch/remote.py).
 
 The job's restart count is the largest any node reports: torchrun counts a restart only on the node whose
 process failed (the others restart theirs because the rendezvous changed), an agent that lost a parent
@@ -29,11 +28,10 @@ its checkpoint. One link thread owns the socket; other threads hand it messages 
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-import os
 import queue
-import signal
 import socket as sockets
 import threading
 import time
@@ -48,12 +46,11 @@ from . import trust, zygote
 from .cluster import ClusterStart
 from .launchers import Host, Launcher, address_toward, remote_environment
 from .placement import on_this_node
+from .remote import HEARTBEAT, NEWS, POLL_MS, RemoteChild
 
 log = logging.getLogger("harness")
 
 WAIT_FOR_AGENTS = 300.0     # s node 0 waits for every other node's agent to connect
-POLL_MS = 20                # the link thread's longest wait for a message; queued sends wait at most this
-HEARTBEAT = 1.0             # s between heartbeats each way
 SAY_EVERY = 10.0            # s between the parent's lines saying which nodes it still waits for
 
 
@@ -72,36 +69,6 @@ class Node:
     lost: str | None = None
 
 
-class AgentChild(zygote.Forked):
-    """A child that a node's agent started, as the supervisor sees a process: its pid, exit status and
-    stderr lines come from the agent; a signal or kill goes to it as a message."""
-
-    def __init__(self, agents: "Agents", node: Node, number: int):
-        read, self._write = os.pipe()
-        super().__init__(os.fdopen(read, "rb"))
-        self._agents, self.node, self.number = agents, node, number
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            self._agents.post(self.node, ("signal", (self.number, signum)))
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def line(self, text: bytes) -> None:
-        if self._write >= 0:
-            os.write(self._write, text)
-
-    def ended(self, returncode: int, why: str = "") -> None:
-        """Its exit status (``why``: a last stderr line, such as the node being lost), then the end of stderr."""
-        if why:
-            self.line(why.encode() + b"\n")
-        if self._write >= 0:
-            os.close(self._write)
-            self._write = -1
-        self._set(pid=0 if self._pid is None else None, returncode=returncode)
-
-
 class Agents(Launcher):
     """Node 0's launcher under an engine: waits for every other node's agent (``WAIT_FOR_AGENTS`` s), then
     its hosts are this node (``slots`` workers) and each agent's address, in node order."""
@@ -115,7 +82,7 @@ class Agents(Launcher):
         self._socket = trust.link_socket(zmq.Context.instance(), key, "parent")
         self._bind(*where)
         self._nodes: dict[int, Node] = {}
-        self._children: dict[int, AgentChild] = {}
+        self._children: dict[int, tuple[Node, RemoteChild]] = {}
         self._numbers = itertools.count()
         self._outbox: queue.Queue = queue.Queue()
         self._joined, self._closed = threading.Event(), threading.Event()
@@ -172,8 +139,8 @@ class Agents(Launcher):
         node = self._by_host[host]
         if node.lost:
             raise NodeLost(f"node {node.rank} ({host}) is lost: {node.lost}")
-        child = AgentChild(self, node, next(self._numbers))
-        self._children[child.number] = child
+        child = RemoteChild(functools.partial(self.post, node), next(self._numbers))
+        self._children[child.number] = (node, child)
         self.post(node, ("start", (child.number, remote_environment(env))))
         return child
 
@@ -241,15 +208,8 @@ class Agents(Launcher):
         if node is None or node.lost:
             return
         node.heard = time.monotonic()
-        child = self._children.get(payload[0]) if kind in ("started", "stderr", "exited") else None
-        if child is None:
-            return
-        if kind == "started":
-            child._set(pid=payload[1])
-        elif kind == "stderr":
-            child.line(payload[1])
-        else:
-            child.ended(payload[1])
+        if kind in NEWS and payload[0] in self._children:
+            self._children[payload[0]][1].news(kind, payload[1])
 
     def _hello(self, identity: bytes, hello: dict[str, Any]) -> None:
         """A node's agent: welcomed while nodes are awaited; a node that says hello again later has lost us
@@ -282,6 +242,6 @@ class Agents(Launcher):
     def _lose(self, node: Node, why: str) -> None:
         node.lost = why
         log.warning("node %d (%s) is lost: %s", node.rank, node.address, why)
-        for child in list(self._children.values()):
-            if child.node is node and child.returncode is None:
+        for where, child in list(self._children.values()):
+            if where is node and child.returncode is None:
                 child.ended(1, f"harness: node {node.rank} ({node.address}) is lost: {why}")

@@ -1,27 +1,26 @@
 """How children start: on this machine, over ssh, or by Slurm's srun, behind one small interface.
 
 A launcher places ranks on hosts (``Host(name, slots)`` in order, each host's slots filled in
-turn) and turns (host, environment) into a local process that stands for the child: the child
-itself (``Local``: forked by the zygote, harness/launch/zygote.py), or the ``ssh`` or ``srun`` client
-that runs it on its host. The parent watches
-that process as it watches a local child: its exit is the child's death (ssh exits when the remote
-command does or when the connection is lost), and killing it ends the child (the remote side sees
-its session close). We start children through what the cluster already has and keep our own
-control plane and collectives; we do not manage the cluster.
+turn) and turns (host, environment) into a local object that stands for the child as a process: the
+child itself (``Local``: forked by the zygote, harness/launch/zygote.py), or a ``RemoteChild`` that the
+host's session forked (``Ssh``, ``Slurm``: harness/launch/session.py). A session is one process a host,
+started by the ``ssh`` client or an ``srun`` step the first time a child is placed there, which forks
+that host's children from a zygote of its own; its stdin and stdout carry the parent's requests and the
+children's pids, stderr lines and exit statuses. The parent watches a remote child as it watches a local
+one: its exit is the child's death, a kill ends it, and a session that ends or falls silent is lost with
+its children. We start children through what the cluster already has and keep our own control plane
+and collectives; we do not manage the cluster.
 
-The run's secrets (the signing key, the CurveZMQ keys) travel in the environment, never in argv,
-which every user of a host can read with ``ps``. Over ssh there is no environment to hand over,
-so they go as one JSON line on the session's stdin (``python -m harness.child --stdin``); the child
-then keeps reading stdin, and the session's end (the parent gone, its ssh client killed) ends it.
-srun hands the task its own environment. Remote clients start in their own session, so that the
-terminal's Ctrl-C reaches the parent alone, which forwards it as a message (harness/resilience/interrupt.py).
+The run's secrets (the signing key, the CurveZMQ keys) travel in the children's environments, never
+in argv, which every user of a host can read with ``ps``: to a remote child, in the request on its
+session's stdin. Sessions start in their own process session, so that the terminal's Ctrl-C reaches
+the parent alone, which forwards it as a message (harness/resilience/interrupt.py).
 
 Every host needs the same Python environment at the same path (``sys.executable``) and the same
 checkout; a host without it fails at once, with a line naming the host and the path.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -29,11 +28,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from . import zygote
+from . import session, zygote
+from .remote import RemoteChild
 
 if TYPE_CHECKING:
     from .cluster import ClusterStart
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
 FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "OMP_", "MKL_", "PYTHON", "HARNESS_")
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0    # s a host's session waits for the parent where a child's environment says none
 ROOT = str(Path(__file__).resolve().parent.parent)      # the checkout: harness/ and models/ live here
 
 
@@ -87,6 +89,10 @@ class Launcher:
         address the parent listens on (harness/control/endpoint.py)."""
         return host
 
+    def release(self) -> None:
+        """End what the launcher keeps for its children (the remote hosts' sessions); a later start makes it
+        again. Nothing on this machine: the zygotes are kept for the process (harness/launch/zygote.py)."""
+
 
 class Local(Launcher):
     """Children on this machine (the default), forked by a warm interpreter that has imported their
@@ -99,13 +105,41 @@ class Local(Launcher):
         return zygote.for_environment(env).fork(env)
 
 
-class Ssh(Launcher):
-    """Children on other hosts over OpenSSH: the user's own config, keys and agent. ``command``: the
-    ssh client and its options (default: $HARNESS_SSH, else ``ssh``), e.g. ``ssh -F cluster.conf``."""
+class HostSessions(Launcher):
+    """Children on other hosts, forked by a session on each (harness/launch/session.py): the first child
+    placed on a host starts its session, which the launcher keeps until ``release`` (or this process's end)
+    and starts again where one was lost. Subclasses say how a session starts (``session_command``)."""
 
     remote = True
-    exit_notes = {255: "ssh's own status: the connection failed or dropped, or the worker was killed by a signal "
-                       "there"}
+    exit_notes = {session.LOST_STATUS: "its host's session was lost: the connection failed or dropped, or the "
+                                       "host died"}
+
+    def __init__(self, hosts: Sequence[Host]):
+        super().__init__(hosts)
+        self._sessions: dict[str, session.Session] = {}
+        self._lock = threading.Lock()
+
+    def session_command(self, host: str, heartbeat_timeout: float) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, host: str, env: Mapping[str, str]) -> RemoteChild:
+        timeout = float(env.get("HARNESS_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT))
+        with self._lock:
+            live = self._sessions.get(host)
+            if live is None or live.lost:
+                live = self._sessions[host] = session.Session(self.session_command(host, timeout), host, timeout)
+        return live.start(remote_environment(env))
+
+    def release(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for each in sessions:
+            each.close()
+
+
+class Ssh(HostSessions):
+    """Children on other hosts over OpenSSH: the user's own config, keys and agent. ``command``: the
+    ssh client and its options (default: $HARNESS_SSH, else ``ssh``), e.g. ``ssh -F cluster.conf``."""
 
     def __init__(self, hosts: Sequence[Host], command: str | None = None):
         super().__init__(hosts)
@@ -114,25 +148,18 @@ class Ssh(Launcher):
             raise ValueError(f"the ssh client '{self.command[0]}' is not installed here; install OpenSSH's "
                              "client (e.g. apt-get install openssh-client) or set HARNESS_SSH")
 
-    def start(self, host: str, env: Mapping[str, str]) -> subprocess.Popen:
+    def session_command(self, host: str, heartbeat_timeout: float) -> list[str]:
         python, here = shlex.quote(sys.executable), shlex.quote(os.getcwd())
         missing = shlex.quote(f"harness: {sys.executable} is missing on {host}: every host needs the same "
                               "Python environment at the same path")
         script = (f"test -x {python} || {{ echo {missing} >&2; exit 127; }}; cd {here} 2>/dev/null; "
-                  f"PYTHONPATH={shlex.quote(ROOT)} exec {python} -m harness.child --stdin")
-        process = subprocess.Popen([*self.command, "-T", "-o", "BatchMode=yes", host, script],
-                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   start_new_session=True)
-        process.stdin.write(json.dumps(remote_environment(env)).encode() + b"\n")
-        process.stdin.flush()       # and left open: its end is the child's signal that the parent is gone
-        return process
+                  f"PYTHONPATH={shlex.quote(ROOT)} exec {python} -c {shlex.quote(session.COMMAND)} {heartbeat_timeout}")
+        return [*self.command, "-T", "-o", "BatchMode=yes", host, script]
 
 
-class Slurm(Launcher):
-    """Children on the nodes of the Slurm allocation this runs in (salloc or sbatch), one ``srun``
-    job step each: the parent runs on the first node, the allocation's tasks per node are the slots."""
-
-    remote = True
+class Slurm(HostSessions):
+    """Children on the nodes of the Slurm allocation this runs in (salloc or sbatch): one ``srun`` job step
+    a node runs its session. The parent runs on the first node, the allocation's tasks per node are the slots."""
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         environ = os.environ if environ is None else environ
@@ -140,11 +167,9 @@ class Slurm(Launcher):
         if not shutil.which("srun"):
             raise ValueError("--launcher slurm: srun is not on PATH; run inside a Slurm allocation (salloc/sbatch)")
 
-    def start(self, host: str, env: Mapping[str, str]) -> subprocess.Popen:
-        step = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--kill-on-bad-exit=1",
-                "--export=ALL", "--quiet"]
-        return subprocess.Popen([*step, sys.executable, "-m", "harness.child"], env=dict(env),
-                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    def session_command(self, host: str, heartbeat_timeout: float) -> list[str]:
+        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--kill-on-bad-exit=1",
+                "--export=ALL", "--quiet", sys.executable, "-c", session.COMMAND, str(heartbeat_timeout)]
 
     def address_of(self, host: str) -> str:
         return slurm_node_address(host)

@@ -57,8 +57,8 @@ def in_session(session: int) -> list[int]:
 
 def harness_children(pids: Iterable[int]) -> list[int]:
     """Those of ``pids`` that are harness children, not loader processes nor zygotes: forked by a
-    zygote, a child names itself "harness.child" (/proc/PID/comm); over ssh or srun it is
-    ``python -m harness.child`` (its command line)."""
+    zygote (a remote host's session's too), a child names itself "harness.child" (/proc/PID/comm); a fresh
+    one is ``python -m harness.child`` (its command line)."""
     found = []
     for pid in pids:
         try:

@@ -1,0 +1,133 @@
+"""Host sessions (harness/launch/session.py): one process on each remote host forks that host's children
+from a zygote of its own. Here the hosts are this machine's names for itself and "ssh" runs the ssh
+launcher's command here, so the session's own behaviour is tested alone: the ssh and Slurm runs on
+namespaced hosts are tests/test_hosts.py's."""
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from harness import ChildFailed, Parent
+from harness.launch import session
+from harness.launch.launchers import Host, Ssh
+from tests.helpers.processes import alive, wait_gone
+
+
+@pytest.fixture
+def here(tmp_path):
+    """An ssh launcher on this machine: ``here(("127.0.0.1", 2), ...)``; its "ssh" runs the remote command here."""
+    ssh = tmp_path / "ssh-here"
+    ssh.write_text('#!/bin/sh\n# ssh -T -o BatchMode=yes HOST COMMAND\nshift 4\nexec sh -c "$1"\n')
+    ssh.chmod(0o755)
+    made = []
+
+    def launcher(*hosts: tuple[str, int]) -> Ssh:
+        made.append(Ssh([Host(name, slots) for name, slots in hosts], command=str(ssh)))
+        return made[-1]
+    yield launcher
+    for each in made:
+        each.release()
+
+
+def _parent_and_pid(ctx):
+    return os.getppid(), os.getpid()
+
+
+def _sleep(ctx):
+    time.sleep(600)
+
+
+def _sessions(launcher: Ssh) -> dict:
+    return launcher._sessions
+
+
+def test_a_host_s_children_are_forked_by_one_session_that_imports_their_preloads_once(here, tmp_path, monkeypatch):
+    (tmp_path / "counted.py").write_text(textwrap.dedent(f"""
+        import os
+        with open({str(tmp_path / 'imports')!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    launcher = here(("127.0.0.1", 4))
+    with Parent(heartbeat_timeout=10.0) as parent:
+        kids = parent.fork(4, launcher=launcher, preload=("counted",))
+        kids.exec(_parent_and_pid)
+        found = kids.wait()
+        assert [pid for _, pid in found] == kids.pids          # a remote child's pid is its own, not a client's
+        assert len({ppid for ppid, _ in found}) == 1            # one zygote forked them all
+        assert len(_sessions(launcher)) == 1
+    assert (tmp_path / "imports").read_text().split() == [str(found[0][0])]     # imported once, by that zygote
+    assert wait_gone(kids.pids, 10.0) == []
+
+
+def test_a_session_whose_stdin_ends_ends_its_children_and_itself(here):
+    """As when sshd closes the connection, or the parent's end of the pipe closes with the parent."""
+    launcher = here(("127.0.0.1", 2))
+    with Parent(heartbeat_timeout=30.0) as parent:
+        kids = parent.fork(2, launcher=launcher, heal=True)
+        kids.exec(_sleep)
+        pids = kids.pids
+        live = _sessions(launcher)["127.0.0.1"]
+        live.process.stdin.close()
+        assert live.process.wait(timeout=15) is not None
+        assert wait_gone(pids, 15.0) == []
+        with pytest.raises(ChildFailed) as failed:
+            kids.wait()
+    assert "host 127.0.0.1 is lost: its session ended" in str(failed.value)
+
+
+def test_a_silent_session_is_lost_with_its_children_and_the_next_child_on_its_host_starts_a_new_one(here):
+    launcher = here(("127.0.0.1", 2))
+    with Parent(heartbeat_timeout=3.0) as parent:
+        kids = parent.fork(2, launcher=launcher)
+        kids.exec(_sleep)
+        pids = kids.pids
+        stopped = _sessions(launcher)["127.0.0.1"]
+        os.kill(stopped.process.pid, signal.SIGSTOP)       # the host's session falls silent
+        with pytest.raises(ChildFailed) as failed:
+            kids.wait()
+        assert "no heartbeat from its session" in str(failed.value), failed.value
+        assert "its host's session was lost" in str(failed.value)      # exit status 255, explained
+        assert wait_gone([stopped.process.pid, *pids], 15.0) == []       # killed, and its children ended with it
+
+        again = parent.fork(2, launcher=launcher)
+        again.exec(_parent_and_pid)
+        assert len(again.wait()) == 2
+        assert _sessions(launcher)["127.0.0.1"] is not stopped
+
+
+def test_a_host_without_the_python_environment_fails_its_children_naming_the_path(here, monkeypatch):
+    launcher = here(("127.0.0.1", 2))
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")      # what the session's command runs
+    with Parent(heartbeat_timeout=10.0) as parent:
+        kids = parent.fork(2, launcher=launcher)
+        with pytest.raises(ChildFailed) as failed:
+            kids.exec(_parent_and_pid)
+            kids.wait()
+    assert "exited with status 127" in str(failed.value)
+    assert "harness: /nonexistent/python3 is missing on 127.0.0.1: every host needs the same Python" in str(failed.value)
+
+
+def test_release_ends_every_session_and_its_zygote(here):
+    launcher = here(("127.0.0.1", 1), ("localhost", 1))
+    with Parent(heartbeat_timeout=10.0) as parent:
+        kids = parent.fork(2, launcher=launcher)
+        kids.exec(_parent_and_pid)
+        zygotes = [ppid for ppid, _ in kids.wait()]
+        kids.stop()
+        sessions = [s.process.pid for s in _sessions(launcher).values()]
+        assert len(set(zygotes)) == 2 and all(alive(pid) for pid in [*zygotes, *sessions])     # kept for the launcher
+        launcher.release()
+        assert wait_gone([*zygotes, *sessions], 10.0) == []
+        assert _sessions(launcher) == {}
+
+
+@pytest.mark.parametrize("line", [b"plain\n", b"\xff\xfe not utf-8\n", b""])
+def test_a_stderr_line_crosses_the_channel_byte_for_byte_on_one_line(line):
+    encoded = session.encode(("stderr", (3, line)))
+    assert encoded.count(b"\n") == 1 and encoded.endswith(b"\n")
+    assert session.decode(encoded) == ("stderr", (3, line))
+    assert session.decode(session.encode(("start", (1, {"HARNESS_KEY": "ab"})))) == ("start", [1, {"HARNESS_KEY": "ab"}])
