@@ -125,6 +125,26 @@ def test_a_model_the_meta_device_cannot_run_is_not_refused_for_it(real_limit, mo
                       batch_size=2, save=None))
 
 
+def test_a_model_factory_the_meta_device_cannot_build_is_checked_on_real_weights():
+    """A factory that reads a value as it builds (``.item()``, ``from_pretrained``) fails on the meta device: that is
+    not its fault, and it must not be refused for it."""
+    check(TrainConfig(model="tests.helpers.user_code:reads_a_value", batch_size=2, save=None))
+
+
+@pytest.mark.parametrize("loss, said", [
+    ("mse_of_the_output_alone", "mse_of_the_output_alone() takes 1 positional argument but 2 were given"),
+    ("mse_as_a_float", "it returned a float, not a 0-d tensor"),
+    ("mse_per_sample", "it returned a tensor of shape [2], not a 0-d tensor (reduce it: .mean())")])
+def test_a_loss_that_does_not_take_the_model_s_output_is_named_rather_than_the_model(loss, said):
+    config = TrainConfig(model="tests.helpers.user_code:linear", dataset="tests.helpers.user_code:regression",
+                         loss=f"tests.helpers.user_code:{loss}", batch_size=2, save=None)
+    with pytest.raises(ConfigError) as refused:
+        check(config)
+    assert str(refused.value).startswith(f"--loss tests.helpers.user_code:{loss} does not take the output of --model "
+                                         f"tests.helpers.user_code:linear: {said} (a batch of x float32 [2, 8], y float32 [2])")
+    assert "called as fn(output, batch)" in str(refused.value)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--lr", "inf"], "--lr must be positive and finite, got inf"),
     (["--lr", "nan"], "--lr must be positive and finite, got nan"),

@@ -11,7 +11,8 @@ running two samples took 6.8 s of the 2-core machine, and held the workers' firs
 on the GPU host (measured when the parent made this check). A model that passes there has passed; a
 failure there may be the meta device's own (``.item()``, a CPU tensor kept by the model, an operation
 without a meta kernel: Hugging Face's GPT-2 and Llama fail so), so it is refused only once real weights
-on the CPU fail too. A model of more than REAL_LIMIT parameters is never built on the CPU here: a
+on the CPU fail too. Likewise a factory that cannot build on the meta device at all (one that loads
+weights with ``from_pretrained``, or reads a value) is built on the CPU instead. A model of more than REAL_LIMIT parameters is never built on the CPU here: a
 failure on the meta device is then left to the workers to report. Of what depends on values, targets
 beyond the model's classes or vocabulary are checked apart on the meta device (``targets_beyond``); an
 input token id beyond the embedding is left to the workers.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 FAST_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device first
 REAL_LIMIT = 200_000_000        # parameters: above this it never runs on real weights here
 SAMPLES = 2
+LOSS_SAID = "--loss: "          # how run_batch marks a problem that the user's loss raised
 
 
 def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
@@ -45,9 +47,8 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
         options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
         train = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options).train
     batch = next(evaluation_batches(train, 0, 1, SAMPLES, torch.device("cpu")))
-    with one_line_errors(), torch.device("meta"):      # the model's options, checked without allocating its weights
-        model = make_model(config, info, torch.device("meta"))
-    size = sum(p.numel() for p in model.parameters())
+    model = on_meta(config, info)
+    size = sum(p.numel() for p in model.parameters()) if model is not None else 0
     if size > FAST_LIMIT:
         output, problem = run_batch(config, model, batch, torch.device("meta"))
         if problem is None:
@@ -57,25 +58,45 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
             return
         if size > REAL_LIMIT:
             return
-    _, problem = run_batch(config, make_model(config, info, torch.device("cpu")), batch, torch.device("cpu"))
+    with one_line_errors():
+        model = make_model(config, info, torch.device("cpu"))
+    _, problem = run_batch(config, model, batch, torch.device("cpu"))
     if problem is not None:
         raise refusal(config, info.kind, batch, problem)
 
 
+def on_meta(config: TrainConfig, info: DataInfo) -> Any | None:
+    """The model built on the meta device, which allocates nothing; None where its factory cannot build it
+    there (one that loads weights, ``from_pretrained``, or reads a value, ``.item()``): it is built on real
+    weights then, which says whether the failure was the meta device's or the factory's."""
+    from harness.training.build import make_model
+    try:
+        with torch.device("meta"):
+            return make_model(config, info, torch.device("meta"))
+    except Exception:
+        return None
+
+
 def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, str | None]:
     """(the model's output, None) where ``batch`` went through ``model`` and the loss on ``device`` (or met an
-    operation without a meta kernel: nothing can be said then), else (None, the first line of what it raised)."""
+    operation without a meta kernel: nothing can be said then), else (None, the first line of what it raised,
+    saying that --loss raised it where it did)."""
     moved = tree_map(lambda t: t.to(device), batch)
+    stage = "model"
     try:
         with torch.no_grad():
             output = call_model(model, moved)
+            stage = "loss"
             loss = make_loss(config.loss)(output, moved)
-        if not torch.is_tensor(loss) or loss.dim() != 0:
-            raise TypeError(f"the loss is a {type(loss).__name__} of shape {getattr(loss, 'shape', '?')}, not a scalar")
+        if not torch.is_tensor(loss):
+            raise TypeError(f"it returned a {type(loss).__name__}, not a 0-d tensor")
+        if loss.dim() != 0:
+            raise TypeError(f"it returned a tensor of shape {list(loss.shape)}, not a 0-d tensor (reduce it: .mean())")
     except NotImplementedError:
         return None, None
-    except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as e:
-        return None, str(e).strip().splitlines()[0]
+    except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
+        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, (LOSS_SAID + line if stage == "loss" and config.loss else line)
     return output, None
 
 
@@ -92,6 +113,10 @@ def targets_beyond(logits: Any, batch: Batch) -> str | None:
 
 
 def refusal(config: TrainConfig, kind: str, batch: Batch, problem: str) -> ConfigError:
+    if problem.startswith(LOSS_SAID):
+        return ConfigError(f"--loss {config.loss} does not take the output of --model {config.model}: "
+                           f"{problem.removeprefix(LOSS_SAID)} (a batch of {_describe(batch)}); the loss is called "
+                           "as fn(output, batch) and must return a scalar tensor")
     return ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: {problem} (a batch of "
                        f"{_describe(batch)}); pick a model made for {kind} data, or fix --model-options/"
                        "--dataset-options to match")

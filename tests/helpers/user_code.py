@@ -155,3 +155,26 @@ BUILT: list[str] = []       # the device each ``noted`` model was built on, in o
 def noted(info) -> torch.nn.Module:
     BUILT.append(torch.empty(0).device.type)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, info.num_classes))
+
+
+def reads_a_value(info) -> torch.nn.Module:
+    """Scales its weights by a number it reads as it is built (``.item()``), as a factory that loads weights
+    does: the meta device cannot build it."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, info.num_classes))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(torch.tensor([0.5, 1.5]).mean().item())
+    return model
+
+
+def mse_of_the_output_alone(output: torch.Tensor) -> torch.Tensor:
+    """A loss written for another harness's signature."""
+    return output.square().mean()
+
+
+def mse_as_a_float(output: torch.Tensor, batch) -> float:
+    return float(mse(output, batch))
+
+
+def mse_per_sample(output: torch.Tensor, batch) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(output.squeeze(-1), batch[1], reduction="none")
