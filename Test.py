@@ -11,7 +11,7 @@ import sys
 
 from harness import ChildError, ChildFailed
 from harness.launch.placement import resolve_gpus
-from harness.plugins import unimportable
+from harness.plugins import find_in_working_folder, unimportable
 from harness.resilience.checkpoint import CheckpointError, load_checkpoint
 from harness.training.config import DEFAULT_SAVE
 from harness.training.evaluation import report, evaluate_checkpoint
@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    find_in_working_folder()
     args = parse_args(argv)
     if (args.batch_size is not None and args.batch_size < 1) or args.cpu_workers < 0:
         print(f"Test.py: error: --batch-size must be at least 1 (got {args.batch_size}) and --cpu-workers "

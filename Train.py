@@ -17,6 +17,7 @@ import sys
 from harness import ChildError, ChildFailed
 from harness.control import timeline
 from harness.launch.agents import NodeLost
+from harness.plugins import find_in_working_folder
 from harness.resilience.interrupt import Interrupted, Interrupts, finished
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     the job: it resumes from its checkpoint. Under an engine that started it on several nodes, every node
     but node 0 serves node 0 as its node agent and exits with node 0's status."""
     marks = timeline.start("imported")
+    find_in_working_folder()
     with Interrupts() as caught:
         try:
             config = parse_args(argv)

@@ -8,6 +8,19 @@ import importlib
 import importlib.util
 from typing import Any, Callable, Iterable
 
+FIND_IT = "run from the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)"
+
+
+def find_in_working_folder() -> None:
+    """Put the folder Train.py or Test.py runs in last on sys.path, where ``python -m`` would put it first: a
+    user's module in that folder is found by its name (``--model my_model:make``) wherever the script lives,
+    and never shadows an installed package. The workers are handed this path (harness/control/spawn.py)."""
+    import os
+    import sys
+    here = os.getcwd()
+    if here not in [os.path.abspath(p or ".") for p in sys.path]:
+        sys.path.append(here)
+
 
 def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
     """The callable ``spec`` names; a ValueError that says how to fix the name otherwise."""
@@ -33,7 +46,7 @@ def check_findable(spec: str, what: str) -> None:
 
 
 def _cannot_import(spec: str, what: str, reason: object) -> ValueError:
-    return ValueError(f"cannot import module '{spec.partition(':')[0]}' for {what} '{spec}': {reason}")
+    return ValueError(f"cannot import module '{spec.partition(':')[0]}' for {what} '{spec}': {reason}; {FIND_IT}")
 
 
 def _not_found(module: str) -> str | None:
@@ -57,8 +70,7 @@ def unimportable(spec: str, what: str) -> str | None:
     if why is None:
         return None
     reason = f" ({why})" if why else ""
-    return (f"the {what} '{spec}' comes from module '{module}', which cannot be imported here{reason}; run from "
-            f"the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)")
+    return f"the {what} '{spec}' comes from module '{module}', which cannot be imported here{reason}; {FIND_IT}"
 
 
 def imported_on_call(module: str, name: str) -> Callable[..., Any]:

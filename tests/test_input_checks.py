@@ -214,4 +214,20 @@ def test_test_py_names_a_model_module_it_cannot_import_and_how_to_fix_it(tmp_pat
     lines = tested.stderr.strip().splitlines()
     assert tested.returncode == 2 and len(lines) == 1, tested.stderr
     assert "module 'my_model', which cannot be imported here" in lines[0] and "PYTHONPATH" in lines[0]
+    assert "run from the folder that holds it" in lines[0]
     assert cli("Test.py", "--checkpoint", str(save), "--json", env={"PYTHONPATH": str(tmp_path / "mine")}).returncode == 0
+    assert cli("Test.py", "--checkpoint", str(save), "--json", cwd=tmp_path / "mine").returncode == 0     # as it says
+
+
+def test_train_py_finds_a_model_module_in_the_folder_it_runs_in_and_says_how_when_it_cannot(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_model.py").write_text(
+        "import torch\ndef make(info):\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))\n")
+    flags = ("--model", "my_model:make", "--max-steps", "2", "--save", "", "--log-dir", str(tmp_path / "logs"))
+    elsewhere = cli("Train.py", *flags, cwd=tmp_path)
+    assert elsewhere.returncode == 2
+    assert elsewhere.stderr.strip().splitlines()[-1] == (
+        "Train.py: error: cannot import module 'my_model' for model 'my_model:make': No module named 'my_model'; run "
+        "from the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)")
+    trained = cli("Train.py", *flags, cwd=tmp_path / "mine")
+    assert trained.returncode == 0, trained.stderr

@@ -74,6 +74,11 @@ def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_chan
     assert Train.main(["--resume", str(save), "--epochs", "3"]) == 0, capsys.readouterr().err
     resumed = load_checkpoint(save)
     assert resumed["step"] == 3 * (1293 // 2 // 32) and resumed["config"]["lr"] == 0.02
+    _, short = run_train(tmp_path, "--max-steps", "3", name="short")
+    capsys.readouterr()
+    longer = train_error("--resume", str(short), "--epochs", "5", monkeypatch=monkeypatch, capsys=capsys)
+    assert "(--max-steps 3): nothing is left to train; pass a larger --max-steps to train more (it overrides " \
+           "--epochs)" in longer
 
 
 def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp_path, capsys):

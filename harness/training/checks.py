@@ -436,8 +436,7 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
     differ = [k for k in shape if before.get(k) != getattr(config, k)]
     if differ:
         raise ConfigError(f"--resume {config.resume} was trained with "
-                          + ", ".join(f"a training set of {before.get(k)} samples" if k == "samples"
-                                      else f"--{k.replace('_', '-')} {before.get(k)!r}" for k in differ)
+                          + ", ".join(_saved_as(k, before.get(k)) for k in differ)
                           + "; drop the flags that change them to continue it (a resume takes them from the "
                           "checkpoint)" + (" (it stopped mid-epoch)" if saved.get("position") else ""))
     done, total, every = trained(config, saved)
@@ -446,7 +445,17 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
             f"--epochs {config.epochs} of {config.steps_per_epoch()} updates"
         raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
                           f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
-                          f"--epochs or --max-steps to train more")
+                          + ("--max-steps to train more (it overrides --epochs)" if config.max_steps else
+                             "--epochs or --max-steps to train more"))
+
+
+def _saved_as(name: str, value: object) -> str:
+    """A setting of the saved run, in the words of Train.py's flags."""
+    if name == "samples":
+        return f"a training set of {value} samples"
+    if name == "workers":
+        return f"{value} workers (--cpu-workers, or the GPUs times --workers-per-gpu)"
+    return f"--{name.replace('_', '-')} {value!r}"
 
 
 def trained(config: TrainConfig, saved: dict) -> tuple[int, int, str]:
