@@ -97,7 +97,7 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
         train, val = STREAMED[name](data_dir, seed=seed, val_fraction=val_fraction, **options)
     elif ":" in name:
         from .custom import open_custom
-        train, val = open_custom(name, data_dir, **options)
+        train, val = open_custom(name, data_dir, seed, **options)
     else:
         raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}, "
                          "or package.module:factory")

@@ -10,7 +10,9 @@ existing Dataset class plugs in through a three-line factory; a Hugging Face ``d
 with ``set_format("torch")`` plugs in as it is.
 
 What the model needs to know (``DataInfo``) is taken from ``dataset.info`` if it has one, else
-read off the first sample and ``dataset.classes`` (torchvision's name) or ``dataset.num_classes``.
+read off the first sample and ``dataset.classes`` (torchvision's name) or ``dataset.num_classes``; a
+dataset of float targets (a regression) needs neither, and its ``num_classes`` is 1 (one output).
+The factory is called with the global random generators seeded from ``--seed`` (``seeded``).
 """
 from __future__ import annotations
 
@@ -24,11 +26,11 @@ from harness.plugins import import_factory
 from .split import DataError, DataInfo
 
 
-def open_custom(spec: str, data_dir: str | None, **options: Any) -> tuple[Any, Any]:
+def open_custom(spec: str, data_dir: str | None, seed: int = 0, **options: Any) -> tuple[Any, Any]:
     """(train, val) from the factory named by ``spec``; val may be None."""
     factory = import_factory(spec, "dataset", "factory(split, data_dir, **options)")
-    train = factory("train", data_dir, **options)
-    val = factory("val", data_dir, **options)
+    train = seeded(factory, "train", data_dir, seed, options)
+    val = seeded(factory, "val", data_dir, seed, options)
     for split, dataset in (("train", train), ("val", val)):
         if dataset is not None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise DataError(f"dataset factory {spec} returned a {type(dataset).__name__} for split {split!r}; "
@@ -38,6 +40,27 @@ def open_custom(spec: str, data_dir: str | None, **options: Any) -> tuple[Any, A
                         "Dataset for split 'train'")
     info = infer_info(train, spec)
     return Described(train, info), (Described(val, info) if val is not None else None)
+
+
+SPLIT_SEEDS = {"train": 0, "val": 1}        # added to the run's seed: a split's random draws are not another's
+
+
+def seeded(factory: Any, split: str, data_dir: str | None, seed: int, options: dict[str, Any]) -> Any:
+    """``factory(split, data_dir, **options)`` with Python's, numpy's and torch's global generators seeded from the
+    run's seed and the split, and put back as they were after: a factory that draws its samples at random (the
+    README's example does) makes the same data in every worker and each time it is opened (rank 0 opens it for
+    its checks first), rather than a different dataset on each rank."""
+    import random
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed + SPLIT_SEEDS[split])
+        np.random.seed(seed + SPLIT_SEEDS[split])
+        torch.default_generator.manual_seed(seed + SPLIT_SEEDS[split])
+        try:
+            return factory(split, data_dir, **options)
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
 
 
 class Described(torch.utils.data.Dataset):
@@ -65,13 +88,16 @@ def infer_info(dataset: Any, spec: str) -> DataInfo:
         # keyword or positional inputs: the model's own factory knows their sizes (a vocabulary, say)
         count = getattr(dataset, "num_classes", None)
         return DataInfo("dict" if isinstance(sample, dict) else "tuple", (), count if isinstance(count, int) else 0)
-    x, _ = sample
+    x, y = sample
     x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
     classes = getattr(dataset, "classes", None)
     count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)
-    if not isinstance(count, int) or count < 2:
+    if _is_regression(y) and not isinstance(count, int):
+        count = 1       # float targets: a regression, whose model has one output per target unless it says more
+    if not isinstance(count, int) or count < 1 or (count == 1 and not _is_regression(y)):
         raise DataError(f"dataset {spec}: cannot tell the number of classes; give the dataset a `classes` list, "
-                        "a `num_classes` int, or an `info` (harness.checkout.datasets.DataInfo)")
+                        "a `num_classes` int (2 or more), or an `info` (harness.checkout.datasets.DataInfo); "
+                        "float targets need none (a regression)")
     if x.is_floating_point() or x.dtype == torch.uint8:
         kind = {1: "vector", 3: "image"}.get(x.dim())
     else:
@@ -82,3 +108,8 @@ def infer_info(dataset: Any, spec: str) -> DataInfo:
     names = tuple(str(c) for c in classes) if classes is not None else ()
     return DataInfo(kind, tuple(x.shape), count, names)
 
+
+def _is_regression(target: Any) -> bool:
+    """Float targets, which no classification has."""
+    return isinstance(target, float) or (torch.is_tensor(target) and target.is_floating_point()) or \
+        (isinstance(target, np.ndarray) and np.issubdtype(target.dtype, np.floating))

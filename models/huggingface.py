@@ -3,7 +3,8 @@
 
 The model takes the batch's dict as keyword arguments (``input_ids``, ``attention_mask``, ``labels``)
 and returns a ``ModelOutput`` whose ``.loss`` the harness trains on (harness/training/losses.py).
-The vocabulary is the option ``vocab_size`` or else the data's (``DataInfo.num_classes``).
+The vocabulary is the option ``vocab_size`` or else the data's (``DataInfo.num_classes``). An option
+the config does not know but that is close to one it does (``n_layers``) is refused, naming the one meant.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def hf_causal_lm(info: Any, model_type: str = "gpt2", **config: Any) -> nn.Modul
         config["vocab_size"] = info.num_classes
     try:
         settings = transformers.AutoConfig.for_model(model_type, **config)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"hf-causal-lm: {str(e).splitlines()[0]}") from None
+    except Exception as e:      # transformers' own errors too (a strict dataclass's field of the wrong type)
+        raise ValueError(f"hf-causal-lm: {' '.join(str(e).split())}") from None
+    _refuse_misspelled(transformers.AutoConfig.for_model(model_type), config)
     model = transformers.AutoModelForCausalLM.from_config(settings)
     # transformers picks the loss from the class name, and "GPT2LMHeadModel" names none: it would then log a
     # warning from inside every forward, which torch.compile cannot trace, and the compiled step would break
@@ -30,3 +32,19 @@ def hf_causal_lm(info: Any, model_type: str = "gpt2", **config: Any) -> nn.Modul
     if getattr(model, "loss_type", None) is None:
         model.loss_type = "ForCausalLM"
     return model
+
+
+def _refuse_misspelled(default: Any, given: dict[str, Any]) -> None:
+    """A ValueError for an option the config does not know that is close to one it does (``n_layers`` for
+    ``n_layer``): a config takes any keyword and keeps it as an attribute, so a misspelled size would otherwise
+    build the default model without a word. Other unknown keywords pass (transformers' own, such as
+    ``attn_implementation``)."""
+    import difflib
+    import inspect
+    known = set(default.to_dict()) | set(getattr(type(default), "attribute_map", {})) | \
+        set(inspect.signature(type(default).__init__).parameters)
+    for name in given:
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8) if name not in known else []
+        if close:
+            raise ValueError(f"hf-causal-lm: {type(default).__name__} has no option '{name}' (did you mean "
+                             f"'{close[0]}'?)")

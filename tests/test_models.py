@@ -157,3 +157,18 @@ def test_a_hugging_face_causal_lm_computes_its_loss_in_the_graph_of_its_forward(
     x = torch.randint(0, 100, (2, 8))
     explained = torch._dynamo.explain(lambda batch: model(**batch).loss)({"input_ids": x, "labels": x})
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"n_layers": 1}, "hf-causal-lm: GPT2Config has no option 'n_layers' (did you mean 'n_layer'?)"),
+    ({"n_layer": "1"}, "hf-causal-lm: Validation error for field 'n_layer': TypeError: Field 'n_layer' expected int, "
+                       "got str (value: '1')")])
+def test_a_hugging_face_option_misspelled_or_of_the_wrong_type_is_one_line(options, said):
+    """A config keeps any keyword it does not know: 'n_layers' built the default 12 layers without a word."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    with pytest.raises(ValueError) as refused:
+        build_model("hf-causal-lm", DataInfo("tokens", (8,), 100), n_embd=32, n_head=2, **options)
+    assert str(refused.value) == said
+    model = build_model("hf-causal-lm", DataInfo("tokens", (8,), 100), n_layer=1, n_embd=32, n_head=2,
+                        attn_implementation="sdpa", bos_token_id=None, eos_token_id=None)    # transformers' own keyword
+    assert len(model.transformer.h) == 1

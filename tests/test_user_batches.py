@@ -45,6 +45,23 @@ def test_loss_names_a_regression_loss_of_ones_own(tmp_path, capsys):
     assert result["per_class_accuracy"] == [] and result["confusion_matrix"] is None and result["examples"] == []
 
 
+def test_a_model_that_returns_a_plain_dict_with_its_loss_is_trained_on_that_loss():
+    from harness.training import TrainConfig
+    from harness.training.checks import check
+    check(TrainConfig(model=f"{USER}:dict_output_model", dataset=f"{USER}:dict_tokens", batch_size=2, save=None))
+
+
+def test_a_dataset_drawn_at_random_is_the_same_on_every_rank_and_each_time_it_is_opened(tmp_path):
+    """Rank 0 opens the data for its checks, then again to train: every opening draws from generators seeded by
+    --seed and the split, so no rank trains on other samples than its peers (numpy is reseeded in each worker)."""
+    run_train(tmp_path, "--dataset", f"{USER}:drawn", "--data-dir", str(tmp_path), "--max-steps", "2", name="drawn")
+    draws = [line.split() for line in (tmp_path / "draws").read_text().splitlines()]
+    train = [(pid, total) for split, pid, total in draws if split == "train"]
+    val = {total for split, _, total in draws if split == "val"}
+    assert len(train) == 3 and len({pid for pid, _ in train}) >= 2       # rank 0's check and both ranks' training
+    assert len({total for _, total in train}) == 1 and len(val) == 1 and val != {train[0][1]}
+
+
 @pytest.mark.parametrize("loss, said", [("nowhere.module:fn", "cannot import module 'nowhere.module'"),
                                         (f"{USER}:nothing", f"module '{USER}' has no callable 'nothing'")])
 def test_a_loss_that_cannot_be_imported_is_one_line(loss, said, tmp_path, monkeypatch, capsys):

@@ -2,12 +2,13 @@
 
 ``--loss package.module:fn`` names ``fn(output, batch) -> scalar``: a regression, a contrastive or a
 masked-LM loss of the user's own. Without it the model's own loss is used where it returns one (a
-0-d tensor, a ``(logits, loss)`` tuple as nanoGPT's model with targets, or an object with ``.loss``
-as Hugging Face's ``ModelOutput``), and else cross-entropy of its logits against the pair's targets.
+0-d tensor, a ``(logits, loss)`` tuple as nanoGPT's model with targets, an object with ``.loss`` as
+Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits against the pair's targets.
 The same rule serves training, validation and Test.py, so they always report the same loss.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,7 @@ def own_loss(output: Any) -> torch.Tensor | None:
     if isinstance(output, (tuple, list)) and len(output) == 2 and torch.is_tensor(output[1]) \
             and output[1].dim() == 0:
         return output[1]
-    loss = getattr(output, "loss", None)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     return loss if torch.is_tensor(loss) else None
 
 
@@ -34,7 +35,7 @@ def logits_of(output: Any) -> torch.Tensor | None:
         return output if output.dim() > 0 else None
     if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
         return output[0]
-    logits = getattr(output, "logits", None)
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
     return logits if torch.is_tensor(logits) else None
 
 
