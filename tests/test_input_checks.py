@@ -7,7 +7,9 @@ import pytest
 
 import Train
 from harness.launch.launchers import read_hostfile
-from harness.training import ConfigError, TrainConfig
+from harness.training import ConfigError, TrainConfig, run
+from harness.checkout.datasets import DataInfo
+from harness.checkout.datasets.custom import infer_info
 from harness.training.checks import check
 from tests.helpers import user_code
 from tests.helpers.data_files import make_token_files
@@ -125,10 +127,30 @@ def test_a_model_the_meta_device_cannot_run_is_not_refused_for_it(real_limit, mo
                       batch_size=2, save=None))
 
 
+@pytest.mark.parametrize("given, said", [
+    ({"max_steps": "5"}, "TrainConfig max_steps='5' is str, not int or None"),
+    ({"batch_size": 8.0}, "TrainConfig batch_size=8.0 is float, not int"),
+    ({"gpus": 1}, "TrainConfig gpus=1 is int, not str or None"),
+    ({"epochs": True}, "TrainConfig epochs=True is bool, not int"),
+    ({"model_options": '{"hidden": [32]}'}, "TrainConfig model_options='{\"hidden\": [32]}' is str, not dict (the "
+                                            "options themselves, not their JSON text)")])
+def test_a_config_built_in_python_with_a_value_of_another_type_is_one_line_before_anything_starts(given, said):
+    TrainConfig(lr=1).check_types()         # an int where a float is due is a number all the same
+    with pytest.raises(ConfigError) as refused:
+        run(TrainConfig(**given))
+    assert str(refused.value) == said
+
+
 def test_a_model_factory_the_meta_device_cannot_build_is_checked_on_real_weights():
     """A factory that reads a value as it builds (``.item()``, ``from_pretrained``) fails on the meta device: that is
     not its fault, and it must not be refused for it."""
     check(TrainConfig(model="tests.helpers.user_code:reads_a_value", batch_size=2, save=None))
+
+
+def test_a_regression_needs_no_class_count_and_a_built_in_model_gets_one_output_for_it():
+    assert infer_info(user_code.Regression("train"), "regression") == DataInfo("vector", (8,), 1)
+    check(TrainConfig(model="mlp", dataset="tests.helpers.user_code:regression", loss="tests.helpers.user_code:mse",
+                      batch_size=2, save=None))
 
 
 @pytest.mark.parametrize("loss, said", [

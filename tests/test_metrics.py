@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.training.metrics import MetricsLog, plot_metrics, read_metrics
+from harness.training.metrics import MetricsLog, curves, plot_metrics, read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -60,6 +60,18 @@ def test_plot_writes_png(tmp_path):
     assert int.from_bytes(data[20:24], "big") == 800       # three panels (8 in at 100 dpi): the rate has its own
 
 
-def test_plot_without_epoch_records_returns_none(tmp_path):
-    assert plot_metrics([{"event": "step", "loss": 1.0}], tmp_path / "m.png") is None
+def test_plot_without_anything_to_draw_returns_none(tmp_path):
+    assert plot_metrics([{"event": "start"}, {"event": "saved", "step": 3}], tmp_path / "m.png") is None
     assert not (tmp_path / "m.png").exists()
+
+
+def test_curves_are_per_epoch_once_an_epoch_ended_and_per_update_before():
+    drawn = curves(epoch_records())
+    assert (drawn.x_name, drawn.loss, drawn.validation, drawn.lr) == (
+        "epoch", ([1, 2, 3], [2.0, 1.2, 0.8]), ([1, 3], [0.6, 0.3]), ([3], [0.01]))
+    within_the_first = [{"event": "step", "step": 4, "loss": 2.1, "lr": 0.05},
+                        {"event": "step", "step": 9, "loss": 1.7, "lr": 0.05},
+                        {"event": "validation", "step": 10, "val_error": None, "val_loss": 1.4, "epoch_end": False}]
+    drawn = curves(within_the_first)
+    assert (drawn.x_name, drawn.loss, drawn.validation, drawn.validation_name) == (
+        "update", ([4, 9], [2.1, 1.7]), ([10], [1.4]), "validation loss")

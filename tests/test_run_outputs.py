@@ -14,6 +14,7 @@ import torch
 
 import Train
 from harness.resilience.checkpoint import load_checkpoint, write_atomically
+from harness.training.metrics import read_metrics
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import kill_session
 from tests.helpers.runs import finish, start_train, wait_for_record, workers_of
@@ -79,6 +80,22 @@ def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_chan
     longer = train_error("--resume", str(short), "--epochs", "5", monkeypatch=monkeypatch, capsys=capsys)
     assert "(--max-steps 3): nothing is left to train; pass a larger --max-steps to train more (it overrides " \
            "--epochs)" in longer
+
+
+def test_a_resume_from_another_folder_continues_the_checkpoint_and_log_of_the_run_it_resumes(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The run saved ``ck/model.pt`` and logged to ``logs`` relative to the folder it ran in: a resume started
+    elsewhere writes there too, not beside itself (Test.py would then score the older checkpoint)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "later").mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    assert Train.main(["--epochs", "1", "--save", "ck/model.pt", "--log-dir", "logs"]) == 0, capsys.readouterr().err
+    monkeypatch.chdir(tmp_path / "later")
+    assert Train.main(["--resume", "../first/ck/model.pt", "--epochs", "2"]) == 0, capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "first" / "ck" / "model.pt")["epoch"] == 2
+    epochs = [r["epoch"] for r in read_metrics(tmp_path / "first" / "logs" / "metrics.jsonl") if r["event"] == "epoch"]
+    assert epochs == [1, 2] and list((tmp_path / "later").iterdir()) == []
 
 
 def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp_path, capsys):

@@ -46,6 +46,18 @@ def test_train_then_test_end_to_end_from_another_directory_beside_a_huggingface_
     assert result["accuracy"] == pytest.approx(accuracy) and result["samples"] == 360
 
 
+@pytest.mark.parametrize("every", [[], ["--validate-every", "3"]], ids=["at-the-end", "every-3"])
+def test_a_run_that_ends_within_its_first_epoch_says_its_validations_and_plots_them_per_update(every, tmp_path, capsys):
+    """The digits' epoch is 20 updates on 2 workers: 6 end within it, where no epoch's line reports anything."""
+    logs = tmp_path / "logs"
+    assert Train.main(["--max-steps", "6", *every, "--save", "", "--log-dir", str(logs)]) == 0
+    said = capsys.readouterr()
+    lines = re.findall(r"^Update (\d+): validation error \d+\.\d\d%$", said.out + said.err, re.MULTILINE)
+    assert lines == (["3", "6"] if every else ["6"])
+    assert "Epoch " not in said.out + said.err
+    assert (logs / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_grad_mode_replicas_stay_identical(tmp_path):
     results, _ = run_train(tmp_path, "--epochs", "3", "--cpu-workers", "3", "--batch-size", "16")
     checksums = [r["checksum"] for r in results]

@@ -87,6 +87,7 @@ def plan_workers(config: TrainConfig, launcher: Launcher | None = None) -> tuple
     """Where the workers run, checked without importing torch (so that Train.py can start its workers
     first): (the GPUs of each host, the config with ``workers`` and ``workers_per_gpu`` decided).
     ``launcher``: the nodes an engine started Train.py on (harness/launch/agents.py), if it did."""
+    config.check_types()
     for name in ("cpu_workers", "workers_per_gpu", "heartbeat_timeout", "max_restarts"):
         check_field(config, name)
     config = check_cluster(config, launcher.cluster if launcher else None)

@@ -13,20 +13,40 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 DEFAULT_SAVE = "checkpoints/model.pt"
+# What each annotation of TrainConfig's fields admits (an int where a float is due; never a bool for a number).
+TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,), "None": (type(None),)}
 # Not taken from the checkpoint on --resume: decided again for this run and machine.
 DECIDED_AGAIN = ("data_workers", "workers", "samples", "heal_in_place")
 # What a resume may not change (mid-epoch, also what the rest of the epoch's order depends on).
 FIXED_ON_RESUME = ("model", "model_options", "dataset", "dataset_options", "optimizer")
 FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
+PATHS = ("save", "log_dir", "data_dir", "profile")      # relative to the folder a run is started in
 
 
 class ConfigError(ValueError):
     """Bad input; reported as one line, before any worker starts (Train.py exits 2)."""
+
+
+def rebased(saved: TrainConfig, resume: str) -> TrainConfig:
+    """The saved run's relative paths (``PATHS``) made absolute from the folder that run ran in, where it is not
+    this one: found from ``resume`` being the file that run saved (its ``save`` is the tail of the path). So a
+    resume from another folder writes the same checkpoint and log as the run it continues, not new ones beside
+    it. Unchanged where the file is not where that run saved it (copied, moved)."""
+    if not saved.save or os.path.isabs(saved.save):
+        return saved
+    here, tail = Path(os.path.abspath(resume)).parts, Path(os.path.normpath(saved.save)).parts
+    origin = Path(*here[:-len(tail)]) if len(here) > len(tail) and here[-len(tail):] == tail else None
+    if origin is None or origin == Path.cwd():
+        return saved
+    return dataclasses.replace(saved, **{name: str(origin / getattr(saved, name)) for name in PATHS
+                                         if getattr(saved, name) and not os.path.isabs(getattr(saved, name))})
 
 
 @contextlib.contextmanager
@@ -168,7 +188,18 @@ class TrainConfig:
                 f"--{name.replace('_', '-')} {getattr(saved, name)!r}" for name in fixed) + "; drop " + ", ".join(
                 f"--{name.replace('_', '-')}" for name in fixed) + " (or start a new run without --resume)")
         fresh = {name: getattr(cls(), name) for name in DECIDED_AGAIN}
-        return dataclasses.replace(saved, **{**fresh, "resume": resume, **changes})
+        return dataclasses.replace(rebased(saved, resume), **{**fresh, "resume": resume, **changes})
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    def check_types(self) -> None:
+        """A ConfigError naming the first field whose value is not of its annotated type: a config built in Python
+        (Train.py's flags are typed by argparse) fails here, in one line, not in a worker later."""
+        for f in dataclasses.fields(self):
+            names = [name.strip() for name in f.type.split("|")]
+            value = getattr(self, f.name)
+            allowed = tuple(kind for name in names for kind in TYPES[name])
+            if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+                raise ConfigError(f"TrainConfig {f.name}={value!r} is {type(value).__name__}, not {' or '.join(names)}"
+                                  + (" (the options themselves, not their JSON text)" if names[0] == "dict" else ""))

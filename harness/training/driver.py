@@ -58,6 +58,7 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     ``interrupts``: SIGINT/SIGTERM handlers to tell about the workers (Train.py's); ``marks``: the
     start-up timeline so far."""
     marks = marks if marks is not None else timeline.start("imported")
+    config.check_types()
     with nodes(config) as launcher:
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), contextlib.ExitStack() as group:

@@ -398,7 +398,10 @@ class Worker(Saving, Healing):
             s.stop = f"validation error {error:.2%} reached the target {config.target_error:.2%}"
         elif config.patience and s.stale >= config.patience:
             s.stop = f"no improvement in {s.stale} validations (patience {config.patience})"
-        record = {"event": "validation", "epoch": s.epoch, "step": self.sync.position(s.step), **measured}
+        # at an epoch's end the epoch's record reports it too (position: its last update's, or 0 once counted)
+        epoch_end = s.position in (0, self.batches.steps_per_epoch)
+        record = {"event": "validation", "epoch": s.epoch, "step": self.sync.position(s.step), "epoch_end": epoch_end,
+                  **measured}
         self.sync.report_validation(record, self.ctx.send if self.lead else None)
         return measured
 

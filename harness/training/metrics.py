@@ -5,6 +5,7 @@ import os
 import pathlib
 import threading
 import time
+from dataclasses import dataclass
 
 from harness.training.imports import import_meanwhile
 
@@ -88,35 +89,64 @@ def import_plotting_meanwhile() -> threading.Thread:
     return import_meanwhile(PLOT_MODULES, "import-matplotlib")
 
 
-def plot_metrics(records: list[dict], png_path: str | os.PathLike) -> pathlib.Path | None:
-    """Plot training loss and validation error per epoch in two panels; None if there are no epoch records.
+@dataclass
+class Curves:
+    """What the plot draws: ``(x, y)`` pairs of lists for each panel, and the x axis's name."""
 
-    When an epoch appears more than once (a resumed run repeating epochs after its last checkpoint), the
-    last record wins, as it belongs to the run that carried on.
-    """
-    by_epoch = {record["epoch"]: record for record in records if record.get("event") == "epoch"}
-    if not by_epoch:
+    x_name: str
+    loss: tuple[list, list]
+    validation: tuple[list, list]
+    validation_name: str
+    lr: tuple[list, list]
+
+
+def curves(records: list[dict]) -> Curves | None:
+    """Per epoch where an epoch ended (a resumed run's repeated epoch: the last record wins, as it belongs to the
+    run that carried on); per update for a run that ended within its first epoch (its "first_step", "step" and
+    "validation" records); None if there is neither. The validation panel shows the error, else the loss (nothing classified)."""
+    by_epoch = {r["epoch"]: r for r in records if r.get("event") == "epoch"}
+    rows = [by_epoch[epoch] for epoch in sorted(by_epoch)]
+    x_name, loss_key, x_key = "epoch", "train_loss", "epoch"
+    validations = rows
+    if not rows:
+        rows = [r for r in records if r.get("event") in ("first_step", "step") and "loss" in r]
+        validations = [r for r in records if r.get("event") == "validation"]
+        x_name, loss_key, x_key = "update", "loss", "step"
+    if not rows and not validations:
+        return None
+    key = "val_error" if any(r.get("val_error") is not None for r in validations) else "val_loss"
+
+    def pairs(of: list[dict], name: str) -> tuple[list, list]:
+        kept = [r for r in of if r.get(name) is not None]
+        return [r[x_key] for r in kept], [r[name] for r in kept]
+    return Curves(x_name, pairs(rows, loss_key), pairs(validations, key), key.replace("val_", "validation "),
+                  pairs(rows, "lr"))
+
+
+def plot_metrics(records: list[dict], png_path: str | os.PathLike) -> pathlib.Path | None:
+    """Plot the training loss and the validation error (and the learning rate, where logged) in panels, per epoch
+    or per update (``curves``); None if there is nothing to plot."""
+    drawn = curves(records)
+    if drawn is None:
         return None
     # Figure + Agg canvas rather than pyplot: no global backend switch, no figure left open.
     from matplotlib.backends.backend_agg import FigureCanvasAgg     # PLOT_MODULES
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    epochs = sorted(by_epoch)
-    val_epochs = [epoch for epoch in epochs if by_epoch[epoch].get("val_error") is not None]
-    lr_epochs = [epoch for epoch in epochs if by_epoch[epoch].get("lr") is not None]
-    figure = Figure(figsize=(7, 8 if lr_epochs else 6))
+    with_lr = bool(drawn.lr[0])
+    figure = Figure(figsize=(7, 8 if with_lr else 6))
     FigureCanvasAgg(figure)
-    panels = figure.subplots(3 if lr_epochs else 2, 1, sharex=True)
-    loss_axes, error_axes = panels[:2]
-    loss_axes.plot(epochs, [by_epoch[epoch]["train_loss"] for epoch in epochs], marker="o")
-    loss_axes.set_ylabel("training loss")
-    error_axes.plot(val_epochs, [by_epoch[epoch]["val_error"] for epoch in val_epochs], marker="o", color="tab:red")
-    error_axes.set_ylabel("validation error")
-    if lr_epochs:
-        panels[2].plot(lr_epochs, [by_epoch[epoch]["lr"] for epoch in lr_epochs], marker="o", color="tab:green")
-        panels[2].set_ylabel("learning rate (epoch's end)")
-    panels[-1].set_xlabel("epoch")
+    panels = figure.subplots(3 if with_lr else 2, 1, sharex=True)
+    marker = "o" if drawn.x_name == "epoch" else "."
+    panels[0].plot(*drawn.loss, marker=marker)
+    panels[0].set_ylabel("training loss" if drawn.x_name == "epoch" else "training loss (its update)")
+    panels[1].plot(*drawn.validation, marker="o", color="tab:red")
+    panels[1].set_ylabel(drawn.validation_name)
+    if with_lr:
+        panels[2].plot(*drawn.lr, marker=marker, color="tab:green")
+        panels[2].set_ylabel(f"learning rate ({'epoch' if drawn.x_name == 'epoch' else 'update'}'s end)")
+    panels[-1].set_xlabel(drawn.x_name)
     panels[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     for axes in panels:
         axes.grid(True, alpha=0.3)

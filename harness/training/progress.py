@@ -58,12 +58,12 @@ class Progress:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
         elif event == "epoch":
             self.bar.set_description(f"epoch {record['epoch']}/{self.epochs}")
-            val, val_loss = record["val_error"], record.get("val_loss")
+            validated = validation_words(record)
             tqdm.write(f"Epoch {record['epoch']}/{self.epochs}: average loss per sample "
-                       f"{record['train_loss']:.4f}"
-                       + (f", validation error {val:.2%}" if val is not None else
-                          f", validation loss {val_loss:.4f}" if val_loss is not None else "")
+                       f"{record['train_loss']:.4f}" + (f", {validated}" if validated else "")
                        + f" ({record['seconds']:.1f} s)")
+        elif event == "validation" and record.get("epoch_end") is False:      # no epoch's line will say it
+            tqdm.write(f"Update {record['step']}: {validation_words(record)}")
         elif event == "saved":
             self.last_saved = record
             if record.get("salvaged"):
@@ -79,6 +79,13 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def validation_words(record: dict) -> str:
+    """"validation error 3.61%", or the loss where nothing was classified; "" where the record has neither."""
+    val, val_loss = record.get("val_error"), record.get("val_loss")
+    return (f"validation error {val:.2%}" if val is not None else
+            f"validation loss {val_loss:.4f}" if val_loss is not None else "")
 
 
 def describe_recovery(record: dict) -> str:
