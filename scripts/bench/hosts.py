@@ -8,7 +8,7 @@ wrap it (DDP, or this harness's flat buffers and bucketed gradient averaging), a
 launch to the end of rank 0's first step.
 
 - harness: one command on this machine (``--first-step-run harness``): its Parent starts every
-  worker over ssh, as ``Train.py --launcher ssh --hosts ...`` does.
+  worker over ssh with torch preloaded, as ``Train.py --launcher ssh --hosts ...`` does.
 - torchrun: its multi-node recipe is one command per host (``torchrun --nnodes H --node-rank K
   --master-addr <first host> ...``); all of them are started here at the same moment, over ssh.
   gloo is told each host's interface (GLOO_SOCKET_IFNAME), as a user of torchrun must.
@@ -79,7 +79,8 @@ def run_harness(hosts: str) -> None:
     """Entry point of the harness's timed command: one Parent, every worker started over ssh."""
     from harness import Parent
     with Parent() as parent:
-        kids = parent.fork(sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(",")), launcher="ssh", hosts=hosts)
+        kids = parent.fork(sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(",")), launcher="ssh", hosts=hosts,
+                           preload=("torch",))      # as Train.py's workers preload it
         kids.exec(harness_first_step)
         print(f"{FIRST_STEP} {kids.wait()[0]}", flush=True)
 
