@@ -96,6 +96,11 @@ class Children:
         return [c.pid for c in self._watch.children]
 
     @property
+    def remote(self) -> bool:
+        """Whether the children run on other hosts (their ``pids`` are those hosts')."""
+        return self._watch.remote
+
+    @property
     def hosts(self) -> list[str]:
         """The hosts the group runs on, in rank order, each once."""
         return list(dict.fromkeys(self._hosts))

@@ -225,7 +225,7 @@ def test_train_started_by_an_srun_step_is_its_node_s_parent_one_task_a_node(host
         assert status != 0 and "slurm started 2 processes on this node" in output and "--ntasks-per-node 1" in output
 
 
-def test_slurm_starts_each_child_with_an_srun_step_on_its_node(tmp_path, monkeypatch):
+def test_slurm_starts_one_srun_step_a_node_with_the_cpus_of_its_workers(tmp_path, monkeypatch):
     """A stand-in srun records its arguments and runs the command here, as srun would on the node."""
     record = tmp_path / "srun.log"
     srun = tmp_path / "bin" / "srun"
@@ -234,15 +234,17 @@ def test_slurm_starts_each_child_with_an_srun_step_on_its_node(tmp_path, monkeyp
                     "exec \"$@\"\n")
     srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{srun.parent}{os.pathsep}{os.environ['PATH']}")
-    launcher = Slurm({"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"})
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    launcher = Slurm({"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2,1"})
     with Parent() as parent:
-        kids = parent.fork(2, launcher=launcher, address="127.0.0.1")
+        kids = parent.fork(3, launcher=launcher, address="127.0.0.1")
         kids.exec(where)
-        assert [(r, h) for r, h, *_ in kids.wait()] == [(0, "node1"), (1, "node2")]
+        assert [(r, h) for r, h, *_ in kids.wait()] == [(0, "node1"), (1, "node1"), (2, "node2")]
     steps = record.read_text().splitlines()
     assert len(steps) == 2 and all("--nodes=1 --ntasks=1" in s and "--overlap" in s for s in steps)
-    assert {s.split("--nodelist=")[1].split()[0] for s in steps} == {"node1", "node2"}
-    assert not any(parent._key.hex() in s for s in steps)           # the key is in the environment, not argv
+    assert sorted((s.split("--nodelist=")[1].split()[0], s.split("--cpus-per-task=")[1].split()[0]) for s in steps) \
+        == [("node1", "6"), ("node2", "3")]                          # 2 and 1 workers of 3 CPUs each
+    assert not any(parent._key.hex() in s for s in steps)           # the key is in the requests on stdin, not argv
 
 
 @pytest.mark.parametrize("flags, message", [

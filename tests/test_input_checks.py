@@ -3,6 +3,8 @@ the fix: a model and a dataset that do not fit each other (one real batch goes t
 the loss in the parent), numbers that make no sense, and the papercuts a newcomer meets first."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import Train
@@ -11,6 +13,7 @@ from harness.training import ConfigError, TrainConfig, run
 from harness.checkout.datasets import DataInfo
 from harness.checkout.datasets.custom import infer_info
 from harness.training.checks import check
+from harness.training.config import TYPES
 from tests.helpers import user_code
 from tests.helpers.data_files import make_token_files
 from tests.helpers.training import cli, run_train, train_error
@@ -135,10 +138,24 @@ def test_a_model_the_meta_device_cannot_run_is_not_refused_for_it(real_limit, mo
     ({"model_options": '{"hidden": [32]}'}, "TrainConfig model_options='{\"hidden\": [32]}' is str, not dict (the "
                                             "options themselves, not their JSON text)")])
 def test_a_config_built_in_python_with_a_value_of_another_type_is_one_line_before_anything_starts(given, said):
+    assert {name.strip() for f in dataclasses.fields(TrainConfig) for name in f.type.split("|")} <= set(TYPES)
     TrainConfig(lr=1).check_types()         # an int where a float is due is a number all the same
     with pytest.raises(ConfigError) as refused:
         run(TrainConfig(**given))
     assert str(refused.value) == said
+
+
+def test_a_model_option_of_the_wrong_kind_names_the_flags_it_came_from(monkeypatch, capsys):
+    line = train_error("--model-options", '{"hidden": 32}', monkeypatch=monkeypatch, capsys=capsys)
+    assert line.startswith("Train.py: error: --model mlp --model-options '{\"hidden\": 32}': "), line
+
+
+def test_float64_samples_are_named_as_the_data_s_to_fix_not_the_model_s():
+    with pytest.raises(ConfigError) as refused:
+        check(TrainConfig(model="mlp", dataset="tests.helpers.user_code:doubles", batch_size=2, save=None))
+    assert str(refused.value).startswith("--dataset tests.helpers.user_code:doubles gives float64 samples, which "
+                                         "--model mlp's float32 weights do not take")
+    assert "make them float32" in str(refused.value)
 
 
 def test_a_model_factory_the_meta_device_cannot_build_is_checked_on_real_weights():

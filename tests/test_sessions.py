@@ -44,6 +44,11 @@ def _sessions(launcher: Ssh) -> dict:
     return launcher._sessions
 
 
+def _only(launcher: Ssh) -> session.Session:
+    (live,) = launcher._sessions.values()
+    return live
+
+
 def test_a_host_s_children_are_forked_by_one_session_that_imports_their_preloads_once(here, tmp_path, monkeypatch):
     (tmp_path / "counted.py").write_text(textwrap.dedent(f"""
         import os
@@ -70,7 +75,7 @@ def test_a_session_whose_stdin_ends_ends_its_children_and_itself(here):
         kids = parent.fork(2, launcher=launcher, heal=True)
         kids.exec(_sleep)
         pids = kids.pids
-        live = _sessions(launcher)["127.0.0.1"]
+        live = _only(launcher)
         live.process.stdin.close()
         assert live.process.wait(timeout=15) is not None
         assert wait_gone(pids, 15.0) == []
@@ -85,7 +90,7 @@ def test_a_silent_session_is_lost_with_its_children_and_the_next_child_on_its_ho
         kids = parent.fork(2, launcher=launcher)
         kids.exec(_sleep)
         pids = kids.pids
-        stopped = _sessions(launcher)["127.0.0.1"]
+        stopped = _only(launcher)
         os.kill(stopped.process.pid, signal.SIGSTOP)       # the host's session falls silent
         with pytest.raises(ChildFailed) as failed:
             kids.wait()
@@ -96,7 +101,7 @@ def test_a_silent_session_is_lost_with_its_children_and_the_next_child_on_its_ho
         again = parent.fork(2, launcher=launcher)
         again.exec(_parent_and_pid)
         assert len(again.wait()) == 2
-        assert _sessions(launcher)["127.0.0.1"] is not stopped
+        assert _only(launcher) is not stopped
 
 
 def test_a_host_without_the_python_environment_fails_its_children_naming_the_path(here, monkeypatch):
@@ -109,6 +114,52 @@ def test_a_host_without_the_python_environment_fails_its_children_naming_the_pat
             kids.wait()
     assert "exited with status 127" in str(failed.value)
     assert "harness: /nonexistent/python3 is missing on 127.0.0.1: every host needs the same Python" in str(failed.value)
+
+
+def test_a_session_outlives_sigterm_and_sigint_which_its_workers_decide_on(here):
+    """Slurm signals every process of a step (a time limit, scancel): the session must not die of it, or its
+    workers would die with it before they could stop at an update and save."""
+    launcher = here(("127.0.0.1", 2))
+    with Parent(heartbeat_timeout=10.0) as parent:
+        kids = parent.fork(2, launcher=launcher)
+        kids.exec(_parent_and_pid)
+        kids.wait()
+        live = _only(launcher)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            os.kill(live.process.pid, signum)
+        time.sleep(1.0)
+        kids.exec(_parent_and_pid)
+        assert len(kids.wait()) == 2 and live.process.poll() is None and live.lost is None
+
+
+def test_a_worker_its_host_cannot_start_fails_alone_and_the_session_serves_on(here):
+    """GPU 0 of a host without GPUs: the request fails on the host, as that worker's exit, not the session's."""
+    launcher = here(("127.0.0.1", 2))
+    with Parent(heartbeat_timeout=10.0) as parent:
+        with pytest.raises(ChildFailed) as failed:
+            kids = parent.fork(2, gpus="all", launcher=launcher)
+            kids.exec(_parent_and_pid)
+            kids.wait()
+        assert "exited with status 1" in str(failed.value)
+        assert "harness: the host could not start this worker: IndexError" in str(failed.value)
+        again = parent.fork(2, launcher=launcher)
+        again.exec(_parent_and_pid)
+        assert len(again.wait()) == 2 and len(_sessions(launcher)) == 1
+
+
+def test_a_session_slow_to_start_is_not_lost_for_it(here, tmp_path):
+    """ssh's connection or srun's step may take longer than the heartbeat timeout before the session says a word."""
+    slow = tmp_path / "ssh-slowly"
+    slow.write_text('#!/bin/sh\nsleep 3\nshift 4\nexec sh -c "$1"\n')
+    slow.chmod(0o755)
+    launcher = Ssh([Host("127.0.0.1", 1)], command=str(slow))
+    try:
+        with Parent(heartbeat_timeout=1.5) as parent:
+            kids = parent.fork(1, launcher=launcher)
+            kids.exec(_parent_and_pid)
+            assert len(kids.wait()) == 1
+    finally:
+        launcher.release()
 
 
 def test_release_ends_every_session_and_its_zygote(here):

@@ -38,7 +38,7 @@ STDERR_TAIL = 20           # lines of a failed child's stderr quoted in ChildFai
 
 def describe_exit(returncode: int, notes: Mapping[int, str] | None = None) -> str:
     """How a child's process ended, in the words of an error message; ``notes``: what its launcher's own exit
-    statuses mean (ssh's 255)."""
+    statuses mean (a lost host session's 255)."""
     if returncode < 0:
         try:
             return f"was killed by signal {signal.Signals(-returncode).name}"

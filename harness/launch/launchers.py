@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
 FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "OMP_", "MKL_", "PYTHON", "HARNESS_")
-DEFAULT_HEARTBEAT_TIMEOUT = 30.0    # s a host's session waits for the parent where a child's environment says none
 ROOT = str(Path(__file__).resolve().parent.parent)      # the checkout: harness/ and models/ live here
 
 
@@ -116,18 +115,19 @@ class HostSessions(Launcher):
 
     def __init__(self, hosts: Sequence[Host]):
         super().__init__(hosts)
-        self._sessions: dict[str, session.Session] = {}
+        self._sessions: dict[tuple[str, float], session.Session] = {}     # by host and heartbeat timeout
         self._lock = threading.Lock()
 
     def session_command(self, host: str, heartbeat_timeout: float) -> list[str]:
         raise NotImplementedError
 
     def start(self, host: str, env: Mapping[str, str]) -> RemoteChild:
-        timeout = float(env.get("HARNESS_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT))
+        timeout = float(env["HARNESS_HEARTBEAT_TIMEOUT"])       # a remote child's environment has it (spawn.py)
         with self._lock:
-            live = self._sessions.get(host)
+            live = self._sessions.get((host, timeout))
             if live is None or live.lost:
-                live = self._sessions[host] = session.Session(self.session_command(host, timeout), host, timeout)
+                live = self._sessions[host, timeout] = session.Session(self.session_command(host, timeout), host,
+                                                                       timeout)
         return live.start(remote_environment(env))
 
     def release(self) -> None:
@@ -168,8 +168,14 @@ class Slurm(HostSessions):
             raise ValueError("--launcher slurm: srun is not on PATH; run inside a Slurm allocation (salloc/sbatch)")
 
     def session_command(self, host: str, heartbeat_timeout: float) -> list[str]:
-        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--kill-on-bad-exit=1",
-                "--export=ALL", "--quiet", sys.executable, "-c", session.COMMAND, str(heartbeat_timeout)]
+        """One task holds the node's workers: it asks for the CPUs of all of them (the allocation's
+        SLURM_CPUS_PER_TASK each), which a cgroup would otherwise hold to one task's."""
+        slots = next(h.slots for h in self.hosts if h.name == host)
+        cpus = slots * int(os.environ.get("SLURM_CPUS_PER_TASK") or 1)
+        path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+        return ["srun", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}", f"--nodelist={host}", "--overlap",
+                "--kill-on-bad-exit=1", "--export=ALL", "--quiet", "env", f"PYTHONPATH={path}", sys.executable, "-c",
+                session.COMMAND, str(heartbeat_timeout)]
 
     def address_of(self, host: str) -> str:
         return slurm_node_address(host)

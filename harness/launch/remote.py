@@ -70,6 +70,7 @@ class RemoteChild(zygote.Forked):
         read, self._write = os.pipe()
         super().__init__(os.fdopen(read, "rb"))
         self._post, self.number = post, number
+        self._pipe = threading.Lock()       # its stderr's write end: the host's news and a lost host's end race
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
@@ -88,14 +89,17 @@ class RemoteChild(zygote.Forked):
             self.ended(value)
 
     def line(self, text: bytes) -> None:
-        if self._write >= 0:
-            os.write(self._write, text)
+        with self._pipe:
+            if self._write >= 0:
+                os.write(self._write, text)
 
     def ended(self, returncode: int, why: str = "") -> None:
-        """Its exit status (``why``: last stderr lines, such as the host being lost), then the end of stderr."""
-        if why:
-            self.line(why.encode(errors="replace") + b"\n")
-        if self._write >= 0:
+        """Its exit status (``why``: last stderr lines, such as the host being lost), then the end of stderr; once."""
+        with self._pipe:
+            if self._write < 0:
+                return
+            if why:
+                os.write(self._write, why.encode(errors="replace") + b"\n")
             os.close(self._write)
             self._write = -1
         self._set(pid=0 if self._pid is None else None, returncode=returncode)
@@ -141,8 +145,14 @@ class Served:
     def _do(self, kind: str, payload: Any) -> None:
         if kind == "start":
             number, env = payload
-            env = on_this_node({**self._base, **env})
-            child = self._children[number] = zygote.for_environment(env).fork(env)
+            try:
+                env = on_this_node({**self._base, **env})
+                child = self._children[number] = zygote.for_environment(env).fork(env)
+            except Exception as error:      # this child cannot start here; the host's others go on
+                self._news.put(("stderr", (number, f"harness: the host could not start this worker: {error!r}\n"
+                                           .encode())))
+                self._news.put(("exited", (number, 1)))
+                return
             threading.Thread(target=self._watch, args=(number, child), name=f"harness-served-{number}",
                              daemon=True).start()
         elif kind == "signal" and payload[0] in self._children:

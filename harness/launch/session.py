@@ -14,9 +14,13 @@ session ends early (a host without the Python environment says so there).
 Nothing is left running. The session ends, killing its children, when its stdin ends (the parent closed it,
 its ssh client was killed, the parent died) or when it has heard nothing from the parent for the heartbeat
 timeout (its host was cut off); every child also watches the session's zygote as its parent and the parent's
-own heartbeats. On the parent's side, a session that falls silent for the heartbeat timeout, or whose
-process ends, is lost: its children are reported dead, and the next child placed on that host starts a new
-session there.
+own heartbeats. It ignores SIGINT and SIGTERM, as the zygote does: Slurm signals every process of a step (a
+time limit, scancel), and the workers, which get the signal too, stop at an update and save; were the
+session to die of it, they would die with it. On the parent's side, a session that falls silent for the
+heartbeat timeout (``FIRST_WORD`` s before it has said anything: a connection or a step may be slow to
+start), or whose process ends, is lost: its children are reported dead, and the next child placed on that
+host starts a new session there. What the parent sends is written by a thread of its own, so that no
+caller (the supervisor killing a child, a heal starting one) ever waits on a host that does not read.
 """
 from __future__ import annotations
 
@@ -24,7 +28,9 @@ import collections
 import itertools
 import json
 import os
+import queue
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -35,8 +41,9 @@ from .remote import HEARTBEAT, NEWS, Channel, RemoteChild, Served
 
 __all__ = ["Session", "main"]
 
-TAIL = 20                   # lines of a session's stderr quoted when it ends early
+TAIL = 5                    # lines of a session's stderr quoted when it ends early
 CLOSE_GRACE = 5.0           # s a closed session gets to end its children and exit before it is killed
+FIRST_WORD = 60.0           # s a new session may take to say anything (ssh's connection, srun's step, imports)
 COMMAND = "from harness.launch.session import main; main()"     # python -c COMMAND TIMEOUT
 LOST_STATUS = 255           # a lost session's children's exit status: ssh's own, for a connection lost
 
@@ -65,14 +72,21 @@ class Session:
         self.process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, start_new_session=True)
         self.lost: str | None = None
-        self._lock = threading.Lock()       # the children, the stdin pipe
+        self._status = LOST_STATUS          # its children's, once it is lost: its process's own where that says more
+        self._lock = threading.Lock()       # the children
         self._children: dict[int, RemoteChild] = {}
         self._numbers = itertools.count()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()       # to stdin, by the writer thread: never blocks
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL)
-        self._heard = time.monotonic()
-        self._closed = threading.Event()
-        for target, what in ((self._read_news, "news"), (self._read_stderr, "stderr"), (self._keep_alive, "alive")):
-            threading.Thread(target=target, name=f"harness-session-{what}-{name}", daemon=True).start()
+        self._heard: float | None = None      # when the host last said anything (None: not yet)
+        self._started = time.monotonic()
+        self._done = threading.Event()        # closed here, or its process ended
+        threads = [threading.Thread(target=target, name=f"harness-session-{what}-{name}", daemon=True) for target, what
+                   in ((self._read_stderr, "stderr"), (self._read_news, "news"), (self._keep_alive, "alive"),
+                       (self._write, "write"))]
+        self._stderr_reader = threads[0]
+        for thread in threads:
+            thread.start()
 
     def start(self, env: dict[str, str]) -> RemoteChild:
         """A child forked on the host with ``env`` over the session's own environment."""
@@ -80,45 +94,52 @@ class Session:
             child = RemoteChild(self.post, next(self._numbers))
             self._children[child.number] = child
         if self.lost:
-            child.ended(LOST_STATUS, self._why())
+            child.ended(self._status, self._why())
         else:
             self.post(("start", (child.number, env)))
         return child
 
     def post(self, message: tuple) -> None:
-        """Send ``message`` to the host (from any thread); a session that ended drops it (its end is seen)."""
-        with self._lock:
-            try:
-                self.process.stdin.write(encode(message))
-                self.process.stdin.flush()
-            except (OSError, ValueError):       # the pipe is broken or closed
-                pass
+        """Send ``message`` to the host, from any thread and at once: the writer thread writes it (a host that does
+        not read, cut off or still connecting, holds that thread alone); a session that ended drops it."""
+        self._outbox.put(encode(message))
 
     def close(self) -> None:
         """End the session: its stdin closes, it kills its children and exits (killed after CLOSE_GRACE s)."""
-        self._closed.set()
-        with self._lock:
-            try:
-                self.process.stdin.close()
-            except OSError:
-                pass
+        self._done.set()
+        self._outbox.put(None)
         try:
             self.process.wait(CLOSE_GRACE)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
 
-    def _read_news(self) -> None:
-        for line in iter(self.process.stdout.readline, b""):
-            self._heard = time.monotonic()
+    def _write(self) -> None:
+        """Write what ``post`` queued to the session's stdin, until ``close`` (None), then close it."""
+        for line in iter(self._outbox.get, None):
             try:
-                kind, payload = decode(line)
-            except (ValueError, TypeError):
-                self._tail.append(line.decode(errors="replace").rstrip("\n"))
-                continue
-            if kind in NEWS and payload[0] in self._children:
-                self._children[payload[0]].news(kind, payload[1])
-        self._ended()
+                self.process.stdin.write(line)
+                self.process.stdin.flush()
+            except (OSError, ValueError):       # the pipe is broken: the session's end is seen by _read_news
+                break
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+    def _read_news(self) -> None:
+        try:
+            for line in iter(self.process.stdout.readline, b""):
+                self._heard = time.monotonic()
+                try:
+                    kind, payload = decode(line)
+                except (ValueError, TypeError):
+                    self._tail.append(line.decode(errors="replace").rstrip("\n"))
+                    continue
+                if kind in NEWS and payload[0] in self._children:
+                    self._children[payload[0]].news(kind, payload[1])
+        finally:
+            self._ended()
 
     def _read_stderr(self) -> None:
         for raw in iter(self.process.stderr.readline, b""):
@@ -127,10 +148,11 @@ class Session:
             sys.stderr.write(f"[{self.name}] {line}\n")
 
     def _keep_alive(self) -> None:
-        """Heartbeats to the host; a host silent for the heartbeat timeout is lost (its ssh client killed)."""
-        while not self._closed.wait(HEARTBEAT):
-            silent = time.monotonic() - self._heard
-            if silent > self._timeout:
+        """Heartbeats to the host; a host silent for the heartbeat timeout (a new one: FIRST_WORD s) is lost, its
+        ssh client or srun killed."""
+        while not self._done.wait(HEARTBEAT):
+            silent = time.monotonic() - (self._heard or self._started)
+            if silent > (self._timeout if self._heard is not None else max(self._timeout, FIRST_WORD)):
                 self.lost = f"no heartbeat from its session for {silent:.1f} s"
                 self.process.kill()
                 return
@@ -138,17 +160,21 @@ class Session:
 
     def _ended(self) -> None:
         """The session's process ended (or was killed): every child it had not reported ended ends with it."""
+        self._done.set()
+        self._outbox.put(None)
         try:
             status = self.process.wait(CLOSE_GRACE)
         except subprocess.TimeoutExpired:
             self.process.kill()
             status = self.process.wait()
+        self._stderr_reader.join(timeout=2.0)      # its last words (a host without Python says so) are the why
         if self.lost is None:
+            self._status = status if status > 0 else LOST_STATUS
             self.lost = f"its session ended ({'killed by signal ' + str(-status) if status < 0 else f'status {status}'})"
         with self._lock:
             children = [c for c in self._children.values() if c.returncode is None]
         for child in children:
-            child.ended(LOST_STATUS if status <= 0 else status, self._why())
+            child.ended(self._status, self._why())
 
     def _why(self) -> str:
         tail = [line for line in self._tail if line]
@@ -189,6 +215,8 @@ class Pipes(Channel):
 def main() -> None:
     """The session's process (``python -c "...; main()" TIMEOUT``, ``COMMAND``): serve the parent on stdin and stdout until it ends the
     session; the children's stdout goes to this process's stderr."""
+    for signum in (signal.SIGINT, signal.SIGTERM):     # Slurm signals a step's every process: the workers decide
+        signal.signal(signum, signal.SIG_IGN)
     out = os.dup(1)
     os.dup2(2, 1)
     try:

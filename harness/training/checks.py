@@ -87,7 +87,6 @@ def plan_workers(config: TrainConfig, launcher: Launcher | None = None) -> tuple
     """Where the workers run, checked without importing torch (so that Train.py can start its workers
     first): (the GPUs of each host, the config with ``workers`` and ``workers_per_gpu`` decided).
     ``launcher``: the nodes an engine started Train.py on (harness/launch/agents.py), if it did."""
-    config.check_types()
     for name in ("cpu_workers", "workers_per_gpu", "heartbeat_timeout", "max_restarts"):
         check_field(config, name)
     config = check_cluster(config, launcher.cluster if launcher else None)
@@ -375,6 +374,7 @@ def check_async(config: TrainConfig) -> None:
 
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:
     """``plan_workers`` and ``check_flags``: (GPUs, the config with every decided field filled in)."""
+    config.check_types()
     gpus, config = plan_workers(config)
     return gpus, check_flags(config, gpus)
 

@@ -287,7 +287,8 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
         if server is not None:
             from harness.collectives.shared import SharedAreas
             served.log(everything=True)         # what the workers reported and saved last, also before an error
-            SharedAreas.sweep(kids.pids)        # what a worker that died before its join left in /dev/shm
+            if not kids.remote:                 # remote workers' areas are on their hosts; their pids are theirs
+                SharedAreas.sweep(kids.pids)    # what a worker that died before its join left in /dev/shm
 
 
 def import_server_meanwhile(config: TrainConfig) -> None:

@@ -12,13 +12,16 @@ on the GPU host (measured when the parent made this check). A model that passes 
 failure there may be the meta device's own (``.item()``, a CPU tensor kept by the model, an operation
 without a meta kernel: Hugging Face's GPT-2 and Llama fail so), so it is refused only once real weights
 on the CPU fail too. Likewise a factory that cannot build on the meta device at all (one that loads
-weights with ``from_pretrained``, or reads a value) is built on the CPU instead. A model of more than REAL_LIMIT parameters is never built on the CPU here: a
+weights with ``from_pretrained``, or reads a value) is built on the CPU instead, whatever its size: its
+size cannot be known without it, and each worker builds it so anyway (rank 0's check is its own first
+exec, whose model is gone before it trains). A model of more than REAL_LIMIT parameters is never built on the CPU here: a
 failure on the meta device is then left to the workers to report. Of what depends on values, targets
 beyond the model's classes or vocabulary are checked apart on the meta device (``targets_beyond``); an
 input token id beyond the embedding is left to the workers.
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,7 +45,6 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
     a few samples are made here)."""
     from harness.checkout.datasets import open_data
     from harness.data.pipeline import evaluation_batches
-    from harness.training.build import make_model
     if train is None:
         options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
         train = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options).train
@@ -59,7 +61,7 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
         if size > REAL_LIMIT:
             return
     with one_line_errors():
-        model = make_model(config, info, torch.device("cpu"))
+        model = on_cpu(config, info)
     _, problem = run_batch(config, model, batch, torch.device("cpu"))
     if problem is not None:
         raise refusal(config, info.kind, batch, problem)
@@ -75,6 +77,17 @@ def on_meta(config: TrainConfig, info: DataInfo) -> Any | None:
             return make_model(config, info, torch.device("meta"))
     except Exception:
         return None
+
+
+def on_cpu(config: TrainConfig, info: DataInfo) -> Any:
+    """The model on real weights. A TypeError of its factory is an option of the wrong kind (a number for a list,
+    a keyword it does not take): it names the flags it came from, which the factory's own words do not."""
+    from harness.training.build import make_model
+    try:
+        return make_model(config, info, torch.device("cpu"))
+    except TypeError as e:
+        given = f" --model-options '{json.dumps(config.model_options)}'" if config.model_options else ""
+        raise ConfigError(f"--model {config.model}{given}: {str(e).strip().splitlines()[0]}") from None
 
 
 def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, str | None]:
@@ -113,6 +126,12 @@ def targets_beyond(logits: Any, batch: Batch) -> str | None:
 
 
 def refusal(config: TrainConfig, kind: str, batch: Batch, problem: str) -> ConfigError:
+    doubles = [t for t in (batch.values() if isinstance(batch, dict) else batch) if torch.is_tensor(t)
+               and t.dtype == torch.float64]
+    if doubles and "Double" in problem:     # numpy's float64 samples against float32 weights: the data's to fix
+        return ConfigError(f"--dataset {config.dataset} gives float64 samples, which --model {config.model}'s float32 "
+                           f"weights do not take ({problem}); make them float32 (x.astype(np.float32), "
+                           "torch.from_numpy(x).float())")
     if problem.startswith(LOSS_SAID):
         return ConfigError(f"--loss {config.loss} does not take the output of --model {config.model}: "
                            f"{problem.removeprefix(LOSS_SAID)} (a batch of {_describe(batch)}); the loss is called "

@@ -212,3 +212,22 @@ class Drawn(torch.utils.data.Dataset):
 
 def drawn(split: str, data_dir: str) -> Drawn:
     return Drawn(split, data_dir)
+
+
+class Doubles(torch.utils.data.Dataset):
+    """numpy float64 vectors and Python int labels, as numpy makes them by default."""
+
+    classes = ["negative", "positive"]
+
+    def __init__(self, split: str):
+        self.x = np.random.RandomState(0 if split == "train" else 1).randn(64, 8)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], int(self.x[i].sum() > 0)
+
+
+def doubles(split: str, data_dir: str | None) -> Doubles:
+    return Doubles(split)
