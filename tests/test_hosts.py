@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from harness.training.checks import plan_workers
 from harness import ChildFailed, Parent
 from harness.collectives.hierarchical import HierarchicalCommunicator
 from harness.launch.placement import assign_on_hosts
+from harness.resilience.checkpoint import load_checkpoint
 from harness.launch.launchers import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from harness.training.metrics import read_metrics
 from tests.helpers.engines import Job
@@ -133,6 +135,25 @@ def test_a_worker_killed_under_slurm_fails_the_job_naming_its_node_and_leaves_no
     assert job.wait(60) == 1
     output = job.text()
     assert "child 1 on host node1 was killed by signal SIGKILL" in output, output       # as its session saw it
+    wait_gone(children_on(hosts), 15.0)
+    assert children_on(hosts) == []
+
+
+def test_scancel_s_sigterm_to_every_process_of_a_job_stops_it_at_one_update_with_a_checkpoint(hosts, slurm, tmp_path):
+    """``scancel --full --signal=TERM``, as a time limit's ``--signal`` does, reaches the parent and every node's
+    session and workers at once: the sessions outlive it, the workers stop at one update and save."""
+    save, logs = tmp_path / "model.pt", tmp_path / "logs"
+    job = Job(slurm, tmp_path, "--epochs", "1000", "--log-dir", str(logs), "--save", str(save), per_node=1)
+    deadline = time.monotonic() + 120
+    while not (logs / "metrics.jsonl").exists() or not any(
+            r["event"] == "step" for r in read_metrics(logs / "metrics.jsonl")):
+        assert job.state()[0] != "COMPLETED" and time.monotonic() < deadline, job.text()
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--full", "--signal=TERM", job.id], env=job.env, check=True)
+    job.wait(60)
+    done = [r for r in read_metrics(logs / "metrics.jsonl") if r["event"] == "done"]
+    assert len(done) == 1 and done[0]["signal"] == signal.SIGTERM, job.text()
+    assert load_checkpoint(save)["step"] == done[0]["step"]
     wait_gone(children_on(hosts), 15.0)
     assert children_on(hosts) == []
 
