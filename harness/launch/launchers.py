@@ -133,6 +133,8 @@ class HostSessions(Launcher):
     def release(self) -> None:
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
+        for each in sessions:       # every host told first: a cut-off one's grace is not added to the others'
+            each.end()
         for each in sessions:
             each.close()
 

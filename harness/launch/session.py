@@ -104,10 +104,14 @@ class Session:
         not read, cut off or still connecting, holds that thread alone); a session that ended drops it."""
         self._outbox.put(encode(message))
 
-    def close(self) -> None:
-        """End the session: its stdin closes, it kills its children and exits (killed after CLOSE_GRACE s)."""
+    def end(self) -> None:
+        """Ask the session to end (its stdin closes: it kills its children and exits), without waiting for it."""
         self._done.set()
         self._outbox.put(None)
+
+    def close(self) -> None:
+        """End the session and wait for it (killed after CLOSE_GRACE s)."""
+        self.end()
         try:
             self.process.wait(CLOSE_GRACE)
         except subprocess.TimeoutExpired:
@@ -160,8 +164,7 @@ class Session:
 
     def _ended(self) -> None:
         """The session's process ended (or was killed): every child it had not reported ended ends with it."""
-        self._done.set()
-        self._outbox.put(None)
+        self.end()
         try:
             status = self.process.wait(CLOSE_GRACE)
         except subprocess.TimeoutExpired:
