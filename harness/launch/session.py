@@ -147,7 +147,7 @@ class Session:
 
     def _read_stderr(self) -> None:
         for raw in iter(self.process.stderr.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
+            line = raw.decode(errors="replace").rstrip("\r\n")       # ssh's own lines end in \r\n
             self._tail.append(line)
             sys.stderr.write(f"[{self.name}] {line}\n")
 
