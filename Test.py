@@ -30,7 +30,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    find_in_working_folder()
     args = parse_args(argv)
     if (args.batch_size is not None and args.batch_size < 1) or args.cpu_workers < 0:
         print(f"Test.py: error: --batch-size must be at least 1 (got {args.batch_size}) and --cpu-workers "
@@ -60,4 +59,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    find_in_working_folder()        # as a command only: a process that calls main() keeps its own path
     sys.exit(main())

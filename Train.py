@@ -39,7 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     the job: it resumes from its checkpoint. Under an engine that started it on several nodes, every node
     but node 0 serves node 0 as its node agent and exits with node 0's status."""
     marks = timeline.start("imported")
-    find_in_working_folder()
     with Interrupts() as caught:
         try:
             config = parse_args(argv)
@@ -72,4 +71,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    find_in_working_folder()        # as a command only: a process that calls main() keeps its own path
     sys.exit(finished(main()))

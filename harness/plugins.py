@@ -14,7 +14,9 @@ FIND_IT = "run from the folder that holds it, or add that folder to PYTHONPATH (
 def find_in_working_folder() -> None:
     """Put the folder Train.py or Test.py runs in last on sys.path, where ``python -m`` would put it first: a
     user's module in that folder is found by its name (``--model my_model:make``) wherever the script lives,
-    and never shadows an installed package. The workers are handed this path (harness/control/spawn.py)."""
+    and never shadows an installed package. The workers are handed this path (harness/control/spawn.py). The
+    commands do it, not their ``main``: a process that calls ``main`` from folder after folder (a test session)
+    would grow its path at each, and every new path is a new zygote (harness/launch/zygote.py: AT_IMPORT)."""
     import os
     import sys
     here = os.getcwd()
