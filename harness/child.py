@@ -6,8 +6,8 @@ exits when its parent process ends (the parent, or the zygote that forked it) an
 when the parent is silent for the heartbeat timeout: that is how a child on another host learns that
 the parent, or the network between them, is gone (harness/control/lifeline.py). The child then
 serves: it waits for ``exec`` messages, runs each shipped function as ``fn(ctx, *args, **kwargs)`` and
-reports the return value or the exception's traceback. This file holds ``Context``, the verbs that function calls; the serve loop and the wire
-protocol are in harness/control/serve.py.
+reports the return value or the exception's traceback. This file holds ``Context``, the verbs that
+function calls; the serve loop and the wire protocol are in harness/control/serve.py.
 
 SIGINT and SIGTERM never end a child: they are recorded as ``ctx.interrupted`` (the signal's
 number) for the running function to act on; the parent decides when the run ends

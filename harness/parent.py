@@ -3,8 +3,8 @@
 ``Parent`` owns the run (its signing key and private socket directory); ``Parent.fork`` starts a
 group of ``Children`` (forked by a warm interpreter that imported their preloads once:
 harness/launch/zygote.py; on other hosts by such a one in each host's session, started over ssh or
-srun) and returns at once: the first exec waits for them to connect. The group's API reads like Lua's ``parallel``:
-exec, join, send, scatter, receive, wait. Every blocking call also watches the children: a child
+srun) and returns at once: the first exec waits for them to connect. The group's API reads like Lua's
+``parallel``: exec, join, send, scatter, receive, wait. Every blocking call also watches the children: a child
 that exits or stops sending heartbeats ends the call with ``ChildFailed`` in seconds, after the
 others have been told to abort and have been stopped. Nothing hangs and nothing is left running.
 

@@ -21,10 +21,10 @@ def hf_causal_lm(info: Any, model_type: str = "gpt2", **config: Any) -> nn.Modul
     if "vocab_size" not in config and info.num_classes:
         config["vocab_size"] = info.num_classes
     try:
+        _refuse_misspelled(transformers.AutoConfig.for_model(model_type), config)
         settings = transformers.AutoConfig.for_model(model_type, **config)
     except Exception as e:      # transformers' own errors too (a strict dataclass's field of the wrong type)
         raise ValueError(f"hf-causal-lm: {' '.join(str(e).split())}") from None
-    _refuse_misspelled(transformers.AutoConfig.for_model(model_type), config)
     model = transformers.AutoModelForCausalLM.from_config(settings)
     # transformers picks the loss from the class name, and "GPT2LMHeadModel" names none: it would then log a
     # warning from inside every forward, which torch.compile cannot trace, and the compiled step would break
@@ -46,5 +46,4 @@ def _refuse_misspelled(default: Any, given: dict[str, Any]) -> None:
     for name in given:
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8) if name not in known else []
         if close:
-            raise ValueError(f"hf-causal-lm: {type(default).__name__} has no option '{name}' (did you mean "
-                             f"'{close[0]}'?)")
+            raise ValueError(f"{type(default).__name__} has no option '{name}' (did you mean '{close[0]}'?)")

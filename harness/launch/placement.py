@@ -60,8 +60,8 @@ def resolve_gpus(gpus: GpuSpec) -> list[int]:
     available = visible_gpus()
     if isinstance(gpus, str) and gpus.strip().lower() == "all":
         if not available:
-            raise ValueError("--gpus all but no GPU was found; leave --gpus out to run on CPU workers (--cpu-workers N; "
-                             "from Python: gpus=None)")
+            raise ValueError("--gpus all but no GPU was found; leave --gpus out to run on CPU workers "
+                             "(--cpu-workers N; from Python: gpus=None)")
         return list(range(len(available)))
     indices = gpu_indices(gpus)
     for index in indices:

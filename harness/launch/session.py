@@ -1,7 +1,7 @@
 """A host session: one process on each remote host, started over ssh or by srun, that forks its children.
 
-The ssh and Slurm launchers (harness/launch/launchers.py) start one session (``COMMAND``) on each host they place children on, the first time they place one there, and keep it for the
-launcher's life. It is a host's forker (harness/launch/remote.py): every child the parent asks for is forked
+The ssh and Slurm launchers (harness/launch/launchers.py) start one session (``COMMAND``) on each host
+they place children on, the first time they place one there, and keep it for the launcher's life. It is a host's forker (harness/launch/remote.py): every child the parent asks for is forked
 by the host's zygote, which imported torch once, so the host's children start in milliseconds, a heal's
 replacement too, and the host's disk and cores serve one import instead of one a child.
 
@@ -110,13 +110,17 @@ class Session:
         self._outbox.put(None)
 
     def close(self) -> None:
-        """End the session and wait for it (killed after CLOSE_GRACE s)."""
+        """End the session and wait for it."""
         self.end()
+        self._reap()
+
+    def _reap(self) -> int:
+        """The session's process's exit status, once it has exited (killed after CLOSE_GRACE s)."""
         try:
-            self.process.wait(CLOSE_GRACE)
+            return self.process.wait(CLOSE_GRACE)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait()
+            return self.process.wait()
 
     def _write(self) -> None:
         """Write what ``post`` queued to the session's stdin, until ``close`` (None), then close it."""
@@ -165,15 +169,12 @@ class Session:
     def _ended(self) -> None:
         """The session's process ended (or was killed): every child it had not reported ended ends with it."""
         self.end()
-        try:
-            status = self.process.wait(CLOSE_GRACE)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = self.process.wait()
+        status = self._reap()
         self._stderr_reader.join(timeout=2.0)      # its last words (a host without Python says so) are the why
         if self.lost is None:
             self._status = status if status > 0 else LOST_STATUS
-            self.lost = f"its session ended ({'killed by signal ' + str(-status) if status < 0 else f'status {status}'})"
+            how = f"killed by signal {-status}" if status < 0 else f"status {status}"
+            self.lost = f"its session ended ({how})"
         with self._lock:
             children = [c for c in self._children.values() if c.returncode is None]
         for child in children:
@@ -216,8 +217,8 @@ class Pipes(Channel):
 
 
 def main() -> None:
-    """The session's process (``python -c "...; main()" TIMEOUT``, ``COMMAND``): serve the parent on stdin and stdout until it ends the
-    session; the children's stdout goes to this process's stderr."""
+    """The session's process (``python -c COMMAND TIMEOUT``): serve the parent on stdin and stdout until it
+    ends the session; the children's stdout goes to this process's stderr."""
     for signum in (signal.SIGINT, signal.SIGTERM):     # Slurm signals a step's every process: the workers decide
         signal.signal(signum, signal.SIG_IGN)
     out = os.dup(1)

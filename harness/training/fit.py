@@ -14,8 +14,8 @@ without a meta kernel: Hugging Face's GPT-2 and Llama fail so), so it is refused
 on the CPU fail too. Likewise a factory that cannot build on the meta device at all (one that loads
 weights with ``from_pretrained``, or reads a value) is built on the CPU instead, whatever its size: its
 size cannot be known without it, and each worker builds it so anyway (rank 0's check is its own first
-exec, whose model is gone before it trains). A model of more than REAL_LIMIT parameters is never built on the CPU here: a
-failure on the meta device is then left to the workers to report. Of what depends on values, targets
+exec, whose model is gone before it trains). A model of more than REAL_LIMIT parameters is never built
+on the CPU here: a failure on the meta device is then left to the workers to report. Of what depends on values, targets
 beyond the model's classes or vocabulary are checked apart on the meta device (``targets_beyond``); an
 input token id beyond the embedding is left to the workers.
 """

@@ -3,7 +3,8 @@
 ``--loss package.module:fn`` names ``fn(output, batch) -> scalar``: a regression, a contrastive or a
 masked-LM loss of the user's own. Without it the model's own loss is used where it returns one (a
 0-d tensor, a ``(logits, loss)`` tuple as nanoGPT's model with targets, an object with ``.loss`` as
-Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits against the pair's targets.
+Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits
+against the pair's targets.
 The same rule serves training, validation and Test.py, so they always report the same loss.
 """
 from __future__ import annotations

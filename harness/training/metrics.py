@@ -103,7 +103,8 @@ class Curves:
 def curves(records: list[dict]) -> Curves | None:
     """Per epoch where an epoch ended (a resumed run's repeated epoch: the last record wins, as it belongs to the
     run that carried on); per update for a run that ended within its first epoch (its "first_step", "step" and
-    "validation" records); None if there is neither. The validation panel shows the error, else the loss (nothing classified)."""
+    "validation" records); None if there is neither. The validation panel shows the error, else the loss
+    (nothing classified)."""
     by_epoch = {r["epoch"]: r for r in records if r.get("event") == "epoch"}
     rows = [by_epoch[epoch] for epoch in sorted(by_epoch)]
     x_name, loss_key, x_key = "epoch", "train_loss", "epoch"

@@ -62,8 +62,10 @@ class Progress:
             tqdm.write(f"Epoch {record['epoch']}/{self.epochs}: average loss per sample "
                        f"{record['train_loss']:.4f}" + (f", {validated}" if validated else "")
                        + f" ({record['seconds']:.1f} s)")
-        elif event == "validation" and record.get("epoch_end") is False and validation_words(record):
-            tqdm.write(f"Update {record['step']}: {validation_words(record)}")      # no epoch's line says it
+        elif event == "validation" and record.get("epoch_end") is False:       # no epoch's line will say it
+            validated = validation_words(record)
+            if validated:
+                tqdm.write(f"Update {record['step']}: {validated}")
         elif event == "saved":
             self.last_saved = record
             if record.get("salvaged"):
