@@ -14,6 +14,7 @@ import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from harness.plugins import imported_on_call
@@ -21,8 +22,8 @@ from harness.plugins import imported_on_call
 if TYPE_CHECKING:
     from .split import DataInfo, Split
 
-__all__ = ["DATASETS", "STREAMED", "Data", "DataError", "DataInfo", "Facts", "Split", "check_data", "dataset_names",
-           "decode_oddeven", "describe_test", "load_dataset", "open_data"]
+__all__ = ["DATASETS", "FOLDERLESS", "STREAMED", "Data", "DataError", "DataInfo", "Facts", "Split", "check_data",
+           "dataset_names", "decode_oddeven", "describe_test", "holds_out", "load_dataset", "open_data"]
 
 DATASETS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "cifar10": imported_on_call(f"{__name__}.cifar10", "load_cifar10"),
@@ -35,6 +36,7 @@ STREAMED: dict[str, Callable[..., tuple[Any, Any]]] = {
     "imagefolder": imported_on_call(f"{__name__}.imagefolder", "open_imagefolder"),
     "tokens": imported_on_call(f"{__name__}.tokens", "open_tokens"),
 }
+FOLDERLESS = ("digits", "oddeven", "synthetic")     # bundled or generated: they read no --data-dir
 _ELSEWHERE = {"DataError": "split", "DataInfo": "split", "Split": "split", "decode_oddeven": "oddeven"}
 
 
@@ -73,6 +75,15 @@ def dataset_names() -> list[str]:
 
 def is_known(name: str) -> bool:
     return name in DATASETS or name in STREAMED or ":" in name
+
+
+def holds_out(name: str, data_dir: str | None) -> bool:
+    """Whether ``val_fraction`` decides the validation split: in-memory datasets and an image folder without
+    val/ hold part of train out; tokens validate on val.bin, an image folder on its val/, a factory on its own
+    'val' split."""
+    if name == "imagefolder":
+        return not (Path(data_dir or ".") / "val").is_dir()
+    return name in DATASETS
 
 
 def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **options) -> tuple[Split, Split]:

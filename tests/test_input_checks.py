@@ -15,7 +15,7 @@ from harness.checkout.datasets.custom import infer_info
 from harness.training.checks import check
 from harness.training.config import TYPES
 from tests.helpers import user_code
-from tests.helpers.data_files import make_token_files
+from tests.helpers.data_files import make_image_folder, make_token_files
 from tests.helpers.training import cli, run_train, train_error
 
 MODELS = ["mlp", "cnn", "gpt", "oddeven", "resnet18"]
@@ -220,6 +220,23 @@ def test_numbers_that_make_no_sense_are_refused_in_one_line(flags, message, monk
 ])
 def test_a_flag_that_would_change_nothing_in_the_run_is_refused_in_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
+
+
+def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_dir, tmp_path, monkeypatch, capsys):
+    images = make_image_folder(tmp_path / "images", per_class=2)
+    cases = [(["--data-dir", str(tmp_path)], f"--data-dir {tmp_path}: --dataset digits reads no folder"),
+             (["--dataset", "synthetic", "--data-dir", str(tmp_path)], "--dataset synthetic reads no folder"),
+             (["--dataset", "tokens", "--data-dir", str(tokens_dir), "--val-fraction", "0.2"],
+              f"--val-fraction 0.2 holds part of the training set out for validation, and --dataset tokens validates "
+              f"on {tokens_dir}/val.bin instead; drop --val-fraction"),
+             (["--dataset", "tests.helpers.user_code:windows", "--val-fraction", "0"], "validates on the factory's 'val' split"),
+             (["--dataset", "imagefolder", "--data-dir", str(images), "--val-fraction", "0.3"], f"on {images}/val/")]
+    for flags, message in cases:
+        assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)
+    (images / "val").rename(tmp_path / "elsewhere")           # without val/, the fraction carves train/: taken
+    config = TrainConfig(dataset="imagefolder", data_dir=str(images), val_fraction=0.5, batch_size=1, save=None,
+                         model="cnn", dataset_options={"crop": 16, "resize": 20})
+    assert check(config)[1].samples == 3         # of 6: half held out
 
 
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):

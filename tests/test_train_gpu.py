@@ -82,7 +82,7 @@ def test_dict_batches_into_a_model_with_its_own_loss_are_graphed_and_train_as_ea
     common = ["--gpus", "0", "--max-steps", "30", "--no-tf32", "--lr", "0.001", "--batch-size", "8",
               "--optimizer", "adamw", "--model", "hf-causal-lm", "--model-options",
               '{"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 16}',
-              "--dataset", "tests.helpers.user_code:windows", "--val-fraction", "0", *flags]
+              "--dataset", "tests.helpers.user_code:windows", *flags]
     run_train(tmp_path, *common, "--no-cuda-graph", name="eager")
     capfd.readouterr()
     run_train(tmp_path, *common, name="graph")

@@ -280,7 +280,9 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
 
 def check_idle(config: TrainConfig) -> None:
     """A flag that would change nothing in this run, because what it sets is another mode's or another flag's, is
-    refused: set on purpose, it would be trusted to have done something."""
+    refused: set on purpose, it would be trusted to have done something. (--val-fraction, whose use depends on the
+    data's files: ``check_held_out``.)"""
+    from harness.checkout.datasets import FOLDERLESS
     grads = _given(config, "grad_sync", "bucket_mb", "reduce_dtype")
     if grads and config.mode != "grad":
         raise ConfigError(f"{_listed(grads)} {_verb(grads)} how --mode grad averages gradients, which --mode "
@@ -296,6 +298,11 @@ def check_idle(config: TrainConfig) -> None:
     if cadence and not config.save:
         raise ConfigError(f"{_listed(cadence)} {_verb(cadence)} how often --save writes, and this run saves nothing "
                           f"(--save ''); give --save a path or drop {_them(cadence)}")
+    folder = _given(config, "data_dir")
+    if folder and config.dataset in FOLDERLESS:
+        raise ConfigError(f"{_listed(folder)}: --dataset {config.dataset} reads no folder (it is bundled or "
+                          "generated); drop --data-dir, or use a dataset that reads one (imagefolder, tokens, mnist, "
+                          "cifar10, package.module:factory)")
     profiled = _given(config, "profile_from", "profile_updates")
     if profiled and not config.profile:
         raise ConfigError(f"{_listed(profiled)} {_verb(profiled)} what --profile records; add --profile DIR or drop "
@@ -477,6 +484,7 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
     number of training samples, and whether there is a validation split."""
     from harness.checkout.datasets import check_data
     from harness.training.fit import check_fit
+    check_held_out(config)
     with one_line_errors():
         facts = check_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=config.val_fraction,
                            max_bad_samples=config.max_bad_samples, **config.dataset_options)
@@ -488,6 +496,16 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
         raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
                           f"samples of {samples} over {config.workers} workers); use at most {shard} in all")
     return samples, facts.validated
+
+
+def check_held_out(config: TrainConfig) -> None:
+    """--val-fraction is refused where the data has a validation split of its own (read on the data's host)."""
+    from harness.checkout.datasets import describe_test, holds_out
+    held = _given(config, "val_fraction")
+    if held and not holds_out(config.dataset, config.data_dir):
+        raise ConfigError(f"{_listed(held)} holds part of the training set out for validation, and --dataset "
+                          f"{config.dataset} validates on {describe_test(config.dataset, config.data_dir)} instead; "
+                          "drop --val-fraction")
 
 
 def check(config: TrainConfig) -> tuple[list[int], TrainConfig]:

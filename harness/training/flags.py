@@ -35,13 +35,15 @@ def _model_and_data(a: Callable[..., Any]) -> None:
       help='JSON options for the dataset, e.g. \'{"size": 8192}\' for synthetic, \'{"crop": 224, "resize": 256}\' '
            'for imagefolder, \'{"block_size": 1024, "dtype": "uint16", "vocab_size": 50257}\' for GPT-2 tokens '
            '(tokens: block_size 256 unless given)')
-    a("--data-dir", help="the dataset's folder (default ./data for mnist/cifar10)")
+    a("--data-dir", help="the dataset's folder (default ./data for mnist/cifar10; refused for digits, oddeven and "
+                         "synthetic, which read none)")
     a("--data-workers", type=int,
       help="loader processes per worker for streamed datasets (default: the host's cores shared out among "
            "the workers, one left for training, at most 16; 0 loads in the training process)")
     a("--val-fraction", type=float,
       help="share of the training set held out for validation (default 0.1): in-memory datasets, and an image "
-           "folder without val/ (a seeded pick of train/, which Test.py then evaluates)")
+           "folder without val/ (a seeded pick of train/, which Test.py then evaluates); refused where the data "
+           "validates on its own split (tokens' val.bin, an image folder's val/, a factory's 'val')")
     a("--max-bad-samples", type=int, metavar="N",
       help="samples that fail to load or decode (a corrupt JPEG) are skipped, replaced by the next that loads "
            "and named in the log; past N of them (default 10) the run saves and stops with the list")
