@@ -85,6 +85,18 @@ def test_resume_continues_exactly(tmp_path):
     assert load_checkpoint(save)["step"] == load_checkpoint(tmp_path / "straight.pt")["step"] == 80
 
 
+def test_an_epoch_resumed_mid_epoch_reports_the_loss_of_all_its_updates(tmp_path):
+    run_train(tmp_path, "--epochs", "1", name="straight")
+    _, stopped = run_train(tmp_path, "--max-steps", "7", name="stopped")
+    assert load_checkpoint(stopped)["epoch_so_far"][1] == 2 * 7         # both workers' updates so far
+    run(Train.parse_args(["--max-steps", "20", "--resume", str(stopped), "--save", str(tmp_path / "resumed.pt"),
+                          "--log-dir", str(tmp_path / "resumed")]))
+    epochs = {name: [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["event"] == "epoch"]
+              for name in ("straight", "resumed")}
+    assert [r["step"] for r in epochs["resumed"]] == [r["step"] for r in epochs["straight"]] == [20]
+    assert epochs["resumed"][0]["train_loss"] == pytest.approx(epochs["straight"][0]["train_loss"], rel=1e-12)
+
+
 def test_target_error_stops_early(tmp_path):
     _, save = run_train(tmp_path, "--epochs", "50", "--target-error", "0.2", "--validate-every", "10")
     assert load_checkpoint(save)["epoch"] < 50

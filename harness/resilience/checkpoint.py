@@ -18,12 +18,14 @@ _PLAIN_SCALARS = (str, int, float, bool, type(None))
 def layout(model: dict, optimizer: dict | None, where: Any, rng: list, loss_scale: list | None, ranks: list | None,
            config: dict) -> dict:
     """A checkpoint's contents: the ``model``'s state, rank 0's ``optimizer`` state (unsharded), ``where`` the run
-    stands (harness/resilience/heal.py's Where: epoch, update, position in the epoch, early stopping), every rank's
+    stands (harness/resilience/heal.py's Where: epoch, update, position in the epoch, early stopping, the epoch's
+    loss so far), every rank's
     random generators and loss scale, every rank's own part (``ranks``: param and async modes) and the ``config``.
     Written by rank 0 (harness/training/loop_save.py) or, in async mode, by the parent from the parts the workers sent
     (harness/resilience/gathered.py)."""
     return {"model": model, "optimizer": optimizer, "epoch": where.epoch, "step": where.step,
-            "position": where.position, "rng": rng, "early_stop": (where.best_error, where.stale),
+            "position": where.position, "epoch_so_far": tuple(where.so_far), "rng": rng,
+            "early_stop": (where.best_error, where.stale),
             "loss_scale": loss_scale, "ranks": ranks, "config": config}
 
 

@@ -56,12 +56,14 @@ RECOVERY_GRACE = 5.0    # seconds a rank whose collective failed waits to hear t
 @dataclass
 class Where:
     """Where a rank's training stands: epochs completed, updates done, batches done in this epoch,
-    and its early-stopping record."""
+    its early-stopping record, and (in a checkpoint) the group's loss sum, updates and seconds of this
+    epoch so far (harness/training/epoch_loss.py)."""
     epoch: int
     step: int
     position: int
     best_error: float
     stale: int
+    so_far: tuple[float, int, float] = (0.0, 0, 0.0)
 
 
 class Ticket:

@@ -44,6 +44,7 @@ from harness.resilience.saver import BackgroundSaver
 from harness.training.build import (autocast, flat_gradients, load_data, make_batches, make_model, make_optimizer,
                                     make_synchroniser, model_loss, model_output_loss)
 from harness.training.config import TrainConfig
+from harness.training.epoch_loss import NOTHING_YET, EpochLoss
 from harness.training.losses import make_loss
 from harness.training.loop_heal import Healing
 from harness.training.loop_save import Saving
@@ -77,8 +78,9 @@ class RunState:
     interrupted: int = 0
     diverged: str | None = None
 
-    def where(self) -> Where:
-        return Where(self.epoch, self.step, self.position, self.best_error, self.stale)
+    def where(self, so_far: tuple[float, int, float] = NOTHING_YET) -> Where:
+        """Where the run stands; ``so_far``: the epoch's loss as a checkpoint carries it (``EpochLoss.group``)."""
+        return Where(self.epoch, self.step, self.position, self.best_error, self.stale, so_far)
 
     def go_to(self, place: Where, steps_per_epoch: int) -> None:
         """Continue from ``place`` (a heal's donor's): its epoch and update, nothing saved since."""
@@ -115,6 +117,9 @@ class Worker(Saving, Healing):
             self.state = RunState(epoch, step, position, *saved.get("early_stop", (math.inf, 0)), saved_at=step)
         else:
             self.state = RunState()
+        # mid-epoch: the lead carries what the checkpoint had counted of the epoch (epoch_loss.py says why)
+        carried = saved.get("epoch_so_far", NOTHING_YET) if saved and self.lead and self.state.position else NOTHING_YET
+        self.epoch_loss = EpochLoss(self.device, carried)
         self.batches = make_batches(self.data.train, config, self.rank, self.world, self.device)
         # samples that failed to load: logged, counted (async mode: by each rank alone, no exchange to wait in)
         self.bad = Tally(ctx, config.max_bad_samples, alone=self.asynchronous,
@@ -264,8 +269,8 @@ class Worker(Saving, Healing):
         finishing, self.finishing = self.finishing, False
         if s.position == 0 and not finishing:   # dropout and the like: different on each rank, the same after a resume
             self.reseed(s.epoch)
+            self.epoch_loss = EpochLoss(self.device)
         stream, self.stream = self.stream or self.batches.epoch(s.epoch, s.position + finishing), None
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         started, measured, done = time.monotonic(), None, 0
         for batch in itertools.chain([None], stream) if finishing else stream:
             if batch is None:       # the healed update: its loss is not here, so no report of it
@@ -273,7 +278,7 @@ class Worker(Saving, Healing):
             else:
                 loss = self.update(batch)
                 done += 1
-                loss_sum += loss.double()
+                self.epoch_loss.add(loss)
                 self.report(loss, done, started)
             if self.validation_due():
                 measured = self.validate()
@@ -284,14 +289,13 @@ class Worker(Saving, Healing):
         ended = s.position == self.batches.steps_per_epoch
         if ended:
             s.epoch, s.position = s.epoch + 1, 0
-        totals = torch.stack([loss_sum, torch.tensor(float(done), dtype=torch.float64, device=self.device)])
-        self.comm.all_reduce(totals)
+        loss, updates, seconds = self.epoch_loss.group(self.comm)
         if self.sync.evaluation_due(not config.validate_every and s.stop is None and (ended or self.over())):
             measured = self.validate()
         if self.lead and ended:
             self.ctx.send({"event": "epoch", "epoch": s.epoch, "step": s.step,
-                           "train_loss": (totals[0] / totals[1]).item(), "val_error": None, **(measured or {}),
-                           "seconds": time.monotonic() - started, "lr": self.lr_at(s.step - 1)})
+                           "train_loss": loss / updates if updates else None, "val_error": None, **(measured or {}),
+                           "seconds": seconds, "lr": self.lr_at(s.step - 1)})
         if s.stop is not None or self.over() or self.save_due(ended):
             self.save()
 

@@ -62,6 +62,7 @@ class Saving:
             s.saved_at = s.step
             return
         generators = self.ctx.exchange(self.ctx.unique_tag("rng"), rng_state(self.device))
+        so_far = self.epoch_loss.group(self.comm)      # the epoch's loss so far, for a resume mid-epoch
         # every rank's (param mode's replicas scale apart; grad mode's alike)
         scales = self.ctx.exchange(self.ctx.unique_tag("loss-scale"), self.scaler.state_dict()) if self.scaler else None
         local = self.sync.state_dict()      # every rank's own state (param mode's outer optimizer), or None
@@ -73,7 +74,7 @@ class Saving:
             else ranks[0]["optimizer"] if ranks else self.optimizer.state_dict() if self.lead else None
         with self.sync.global_weights():    # the model the group agrees on (the snapshot is taken inside)
             if self.lead:
-                self.write(s.where(), optimizer, generators, scales, ranks,
+                self.write(s.where(so_far), optimizer, generators, scales, ranks,
                            given=("optimizer", "ranks") if ranks else ())
         s.saved_at = s.step
 
@@ -89,7 +90,8 @@ class Saving:
                 "loss_scale": self.scaler.state_dict() if self.scaler is not None else None}
         if self.lead:
             with self.sync.global_weights():
-                part["checkpoint"] = {"model": to_host(self.model.state_dict()), "where": self.state.where(),
+                part["checkpoint"] = {"model": to_host(self.model.state_dict()),
+                                      "where": self.state.where(self.epoch_loss.group(self.comm)),
                                       "config": self.config.to_dict()}
         return part
 
