@@ -2,6 +2,7 @@
 from a zygote of its own. Here the hosts are this machine's names for itself and "ssh" runs the ssh
 launcher's command here, so the session's own behaviour is tested alone: the ssh and Slurm runs on
 namespaced hosts are tests/test_hosts.py's."""
+import json
 import os
 import signal
 import sys
@@ -10,9 +11,13 @@ import time
 
 import pytest
 
+import Train
 from harness import ChildFailed, Parent
 from harness.launch import session
 from harness.launch.launchers import Host, Ssh
+from harness.training import run
+from harness.training.metrics import read_metrics
+from tests.helpers import slow_model
 from tests.helpers.processes import alive, wait_gone
 
 
@@ -182,3 +187,23 @@ def test_a_stderr_line_crosses_the_channel_byte_for_byte_on_one_line(line):
     assert encoded.count(b"\n") == 1 and encoded.endswith(b"\n")
     assert session.decode(encoded) == ("stderr", (3, line))
     assert session.decode(session.encode(("start", (1, {"HARNESS_KEY": "ab"})))) == ("start", [1, {"HARNESS_KEY": "ab"}])
+
+
+def test_a_run_s_restarted_group_is_forked_by_the_session_its_first_group_started(tmp_path, monkeypatch):
+    """Train.py --launcher ssh keeps one launcher for the whole run: the group that replaces a failed one (here
+    rank 0 dies while it checks the inputs, which costs one of --max-restarts) finds its host's session, and the
+    zygote that imported torch there, still up. Each ssh connection is one line of the log."""
+    connections = tmp_path / "connections"
+    ssh = tmp_path / "ssh-logged"
+    ssh.write_text(f'#!/bin/sh\necho "$4" >> {connections}\nshift 4\nexec sh -c "$1"\n')
+    ssh.chmod(0o755)
+    monkeypatch.setenv("HARNESS_SSH", str(ssh))
+    options = json.dumps({"delay": 0.0, "die_once": str(tmp_path / "died")})
+    flags = ["--launcher", "ssh", "--hosts", "127.0.0.1:2", "--model", slow_model.SPEC, "--model-options", options,
+             "--max-steps", "4", "--max-restarts", "1", "--heartbeat-timeout", "10", "--save", str(tmp_path / "m.pt"),
+             "--log-dir", str(tmp_path / "logs")]
+    results = run(Train.parse_args(flags))
+    assert [r["step"] for r in results] == [4, 4] and (tmp_path / "died").exists()
+    restarts = [r for r in read_metrics(tmp_path / "logs" / "metrics.jsonl") if r["event"] == "restart"]
+    assert [r["during"] for r in restarts] == ["checks"]
+    assert connections.read_text().split() == ["127.0.0.1"]

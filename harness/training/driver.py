@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 from harness.control import timeline
 from harness.launch.cluster import detect
-from harness.launch.launchers import Launcher
+from harness.launch.launchers import Launcher, make_launcher
 from harness.parent import ChildError, ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
@@ -59,7 +59,7 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     start-up timeline so far."""
     marks = marks if marks is not None else timeline.start("imported")
     config.check_types()
-    with nodes(config) as launcher:
+    with nodes(config) as agents, hosts_launcher(config, agents) as launcher:
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), contextlib.ExitStack() as group:
             config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
@@ -68,9 +68,28 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
             timeline.mark(marks, "checked")
             import_plotting_meanwhile()
             results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher, restarts=restarts)
-        if launcher is not None:        # the other nodes end as this one does
-            launcher.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
+        if agents is not None:        # the other nodes end as this one does
+            agents.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
         return results
+
+
+@contextlib.contextmanager
+def hosts_launcher(config: TrainConfig, agents: Launcher | None) -> Iterator[Launcher | None]:
+    """The launcher every group of the run starts its workers with: the node ``agents`` an engine started, else
+    for --launcher ssh or slurm one made here and released at the run's end, so that a group that replaces a
+    failed one finds each host's session, and the zygote that imported torch there, still up (a host that was
+    lost gets a new session); None on this machine, whose zygotes outlive the run anyway."""
+    if agents is not None or config.launcher == "local":
+        yield agents
+        return
+    try:
+        launcher = make_launcher(config.launcher, config.hosts, config.hostfile)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        yield launcher
+    finally:
+        launcher.release()
 
 
 def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | None, marks: dict,
@@ -129,7 +148,7 @@ def own_outputs(config: TrainConfig) -> Iterator[None]:
 def where(config: TrainConfig, gpus: list[int], kids: Children, launcher: Launcher | None = None) -> str:
     shared = f", {config.workers_per_gpu} per GPU" if gpus and config.workers_per_gpu > 1 else ""
     if launcher is not None or config.launcher != "local":
-        return (f"{len(kids.hosts)} hosts ({'node agents' if launcher else config.launcher}), "
+        return (f"{len(kids.hosts)} hosts ({config.launcher if config.launcher != 'local' else 'node agents'}), "
                 + ("GPUs " + ",".join(map(str, gpus)) if gpus else "CPU") + " on each" + shared)
     return f"{len(gpus)} GPU(s)" + shared if gpus else f"{config.workers} CPU workers"
 
@@ -157,9 +176,10 @@ def mps_for(config: TrainConfig) -> Iterator[dict[str, str]]:
 def workers(config: TrainConfig, gpus: list[int], launcher: Launcher | None = None) -> Iterator[Children]:
     """A group of training workers, stopped on exit. They import what training needs as soon as they
     start, so a group started before the parent's own imports and checks does that work alongside
-    them. ``launcher``: node agents' (else ``config.launcher``'s). With ``mps`` the private daemon starts
-    first and outlives the workers: MPS only quits once its clients are gone. With ``heal_in_place`` a
-    dead worker does not stop the group (--mode async: nor abort the others, which share no collective)."""
+    them. ``launcher``: the run's (``hosts_launcher``), else ``config.launcher`` names one. With ``mps`` the
+    private daemon starts first and outlives the workers: MPS only quits once its clients are gone. With
+    ``heal_in_place`` a dead worker does not stop the group (--mode async: nor abort the others, which share
+    no collective)."""
     with mps_for(config) as daemon_env, Parent(heartbeat_timeout=config.heartbeat_timeout) as parent:
         try:
             group = parent.fork(config.workers, gpus=gpus or None, env=daemon_env, preload=WORKER_IMPORTS,
@@ -183,13 +203,13 @@ def resumes(config: TrainConfig) -> str:
 def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
           started: Children | None = None, launcher: Launcher | None = None, restarts: int = 0) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
-    already forked for it, or on a group forked here (by ``launcher``, node agents', if given); every
+    already forked for it, or on a group forked here (by ``launcher``, the run's, if given); every
     restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
     checks done). ``restarts``: how many of --max-restarts groups that failed during the checks spent."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.steps_per_epoch()
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
-    start = launcher.cluster if launcher else detect(os.environ, config.cluster)
+    start = launcher.cluster if launcher is not None and launcher.cluster else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (resumes(config) if start.restart_count else ""))
         log.write({"time": time.time(), **start.record()})
