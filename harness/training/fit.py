@@ -22,7 +22,7 @@ input token id beyond the embedding is left to the workers.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -36,7 +36,13 @@ if TYPE_CHECKING:
 FAST_LIMIT = 20_000_000         # parameters: above this the batch runs on the meta device first
 REAL_LIMIT = 200_000_000        # parameters: above this it never runs on real weights here
 SAMPLES = 2
-LOSS_SAID = "--loss: "          # how run_batch marks a problem that the user's loss raised
+
+
+class Problem(NamedTuple):
+    """What a batch met in the check: the first line of what was raised, and whether the user's --loss raised it."""
+
+    line: str
+    in_loss: bool = False
 
 
 def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
@@ -54,9 +60,9 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
     if size > FAST_LIMIT:
         output, problem = run_batch(config, model, batch, torch.device("meta"))
         if problem is None:
-            problem = targets_beyond(output, batch) if config.loss is None and own_loss(output) is None else None
-            if problem is not None:
-                raise refusal(config, info.kind, batch, problem)
+            beyond = targets_beyond(output, batch) if config.loss is None and own_loss(output) is None else None
+            if beyond is not None:
+                raise refusal(config, info.kind, batch, Problem(beyond))
             return
         if size > REAL_LIMIT:
             return
@@ -90,10 +96,9 @@ def on_cpu(config: TrainConfig, info: DataInfo) -> Any:
         raise ConfigError(f"--model {config.model}{given}: {str(e).strip().splitlines()[0]}") from None
 
 
-def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, str | None]:
+def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, Problem | None]:
     """(the model's output, None) where ``batch`` went through ``model`` and the loss on ``device`` (or met an
-    operation without a meta kernel: nothing can be said then), else (None, the first line of what it raised,
-    saying that --loss raised it where it did)."""
+    operation without a meta kernel: nothing can be said then), else (None, what it raised and where)."""
     moved = tree_map(lambda t: t.to(device), batch)
     stage = "model"
     try:
@@ -109,7 +114,7 @@ def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.devic
         return None, None
     except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return None, (LOSS_SAID + line if stage == "loss" and config.loss else line)
+        return None, Problem(line, stage == "loss" and config.loss is not None)
     return output, None
 
 
@@ -125,18 +130,18 @@ def targets_beyond(logits: Any, batch: Batch) -> str | None:
         if top >= logits.shape[-1] else None
 
 
-def refusal(config: TrainConfig, kind: str, batch: Batch, problem: str) -> ConfigError:
+def refusal(config: TrainConfig, kind: str, batch: Batch, problem: Problem) -> ConfigError:
     doubles = [t for t in (batch.values() if isinstance(batch, dict) else batch) if torch.is_tensor(t)
                and t.dtype == torch.float64]
-    if doubles and "Double" in problem:     # numpy's float64 samples against float32 weights: the data's to fix
+    if doubles and "Double" in problem.line:    # numpy's float64 samples against float32 weights: the data's to fix
         return ConfigError(f"--dataset {config.dataset} gives float64 samples, which --model {config.model}'s float32 "
-                           f"weights do not take ({problem}); make them float32 (x.astype(np.float32), "
+                           f"weights do not take ({problem.line}); make them float32 (x.astype(np.float32), "
                            "torch.from_numpy(x).float())")
-    if problem.startswith(LOSS_SAID):
+    if problem.in_loss:
         return ConfigError(f"--loss {config.loss} does not take the output of --model {config.model}: "
-                           f"{problem.removeprefix(LOSS_SAID)} (a batch of {_describe(batch)}); the loss is called "
+                           f"{problem.line} (a batch of {_describe(batch)}); the loss is called "
                            "as fn(output, batch) and must return a scalar tensor")
-    return ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: {problem} (a batch of "
+    return ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: {problem.line} (a batch of "
                        f"{_describe(batch)}); pick a model made for {kind} data, or fix --model-options/"
                        "--dataset-options to match")
 
