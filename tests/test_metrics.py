@@ -75,3 +75,13 @@ def test_curves_are_per_epoch_once_an_epoch_ended_and_per_update_before():
     drawn = curves(within_the_first)
     assert (drawn.x_name, drawn.loss, drawn.validation, drawn.validation_name) == (
         "update", ([4, 9], [2.1, 1.7]), ([10], [1.4]), "validation loss")
+
+
+def test_curves_draw_the_last_fresh_run_and_the_runs_that_resumed_it():
+    earlier = [{"event": "run", "resume": None},
+               *({"event": "epoch", "epoch": e, "train_loss": 0.5 / e} for e in (1, 2, 3, 4))]
+    fresh = [{"event": "run", "resume": None}, {"event": "epoch", "epoch": 1, "train_loss": 2.3}]
+    resumed = [{"event": "run", "resume": "checkpoints/model.pt"}, {"event": "epoch", "epoch": 2, "train_loss": 2.0}]
+    assert curves(earlier + fresh).loss == ([1], [2.3])
+    assert curves(earlier + fresh + resumed).loss == ([1, 2], [2.3, 2.0])
+    assert curves(earlier[1:]).loss == ([1, 2, 3, 4], [0.5, 0.25, 0.5 / 3, 0.125])     # a log from before "run"

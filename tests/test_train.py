@@ -12,7 +12,7 @@ import Test
 import Train
 from harness.training import run
 from harness.resilience.checkpoint import load_checkpoint
-from harness.training.metrics import read_metrics
+from harness.training.metrics import curves, read_metrics
 from tests.helpers.training import ROOT, cli, flat_params, run_test_py, run_train, train_error
 
 
@@ -95,6 +95,19 @@ def test_an_epoch_resumed_mid_epoch_reports_the_loss_of_all_its_updates(tmp_path
               for name in ("straight", "resumed")}
     assert [r["step"] for r in epochs["resumed"]] == [r["step"] for r in epochs["straight"]] == [20]
     assert epochs["resumed"][0]["train_loss"] == pytest.approx(epochs["straight"][0]["train_loss"], rel=1e-12)
+
+
+def test_a_fresh_run_in_the_folder_of_an_earlier_one_plots_itself_and_says_it_replaces_the_checkpoint(tmp_path,
+                                                                                                        capsys):
+    flags = ["--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "runs")]
+    run(Train.parse_args([*flags, "--epochs", "3"]))
+    assert "holds an earlier run" not in capsys.readouterr().out
+    run(Train.parse_args([*flags, "--epochs", "1", "--lr", "0.001"]))
+    assert f"{tmp_path / 'model.pt'} holds an earlier run: this run replaces it" in capsys.readouterr().out
+    records = read_metrics(tmp_path / "runs" / "metrics.jsonl")
+    assert [r["resume"] for r in records if r["event"] == "run"] == [None, None]
+    assert curves(records).x_name == "epoch" and curves(records).loss[0] == [1]       # the second run's one epoch
+    assert curves(records).lr[1] == [0.001]
 
 
 def test_target_error_stops_early(tmp_path):

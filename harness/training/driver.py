@@ -62,6 +62,7 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     with nodes(config) as agents, hosts_launcher(config, agents) as launcher:
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), contextlib.ExitStack() as group:
+            announce(config)
             config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
@@ -143,6 +144,17 @@ def own_outputs(config: TrainConfig) -> Iterator[None]:
             yield
     except (InUse, OSError) as e:
         raise ConfigError(str(e)) from None
+
+
+def announce(config: TrainConfig) -> None:
+    """The log's "run" record, which begins this run's part of a log that earlier runs in the folder wrote to (a
+    fresh run's plot draws its own records alone: metrics.curves), and a line where a fresh run will replace an
+    earlier run's checkpoint."""
+    with MetricsLog(config.log_dir) as log:
+        log.write({"time": time.time(), "event": "run", "resume": config.resume})
+    if config.save and not config.resume and Path(config.save).exists():
+        print(f"{config.save} holds an earlier run: this run replaces it when it first saves (--resume "
+              f"{config.save} would continue it; --save another path keeps it)")
 
 
 def where(config: TrainConfig, gpus: list[int], kids: Children, launcher: Launcher | None = None) -> str:

@@ -17,7 +17,8 @@ class MetricsLog:
     """Metrics as JSON lines in the log dir (one record per line, flushed each write so a crash loses
     nothing), and a PNG plot at the end like the old Lua optim.Logger plot.
 
-    The file is opened for appending, so a resumed run continues the same log. With ``tensorboard``
+    The file is opened for appending, so a resumed run continues the same log; each run begins its part with a
+    "run" record (``resume``: the checkpoint it continues, or None for a fresh start). With ``tensorboard``
     every record's numbers also go to TensorBoard event files in the same directory, as scalars
     named ``event/field`` (``step/loss``, ``epoch/val_error``, ...) at the record's update.
     """
@@ -101,10 +102,13 @@ class Curves:
 
 
 def curves(records: list[dict]) -> Curves | None:
-    """Per epoch where an epoch ended (a resumed run's repeated epoch: the last record wins, as it belongs to the
-    run that carried on); per update for a run that ended within its first epoch (its "first_step", "step" and
-    "validation" records); None if there is neither. The validation panel shows the error, else the loss
-    (nothing classified)."""
+    """The last fresh run's curves (from its "run" record on: the runs that resumed it are its own), where earlier
+    runs wrote to the same log. Per epoch where an epoch ended (a resumed run's repeated epoch: the last record wins,
+    as it belongs to the run that carried on); per update for a run that ended within its first epoch (its
+    "first_step", "step" and "validation" records); None if there is neither. The validation panel shows the error,
+    else the loss (nothing classified)."""
+    fresh = [i for i, r in enumerate(records) if r.get("event") == "run" and not r.get("resume")]
+    records = records[fresh[-1]:] if fresh else records
     by_epoch = {r["epoch"]: r for r in records if r.get("event") == "epoch"}
     rows = [by_epoch[epoch] for epoch in sorted(by_epoch)]
     x_name, loss_key, x_key = "epoch", "train_loss", "epoch"
