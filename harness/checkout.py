@@ -6,11 +6,12 @@ the place of Hugging Face's package of that name, which is how most users get th
 harness never uses the bare names: this module is a package whose ``__path__`` is the checkout,
 and ``harness.checkout.datasets`` is our registry, whatever else is installed.
 
-The bare name still belongs to the user. ``install()`` (run when ``harness`` is imported, in the
-parent and in every child) puts one finder in front of ``sys.meta_path`` for the single name
-``datasets``: it looks everywhere on ``sys.path`` except the checkout, so a user's factory module
-that says ``from datasets import load_dataset`` gets Hugging Face's package when it is installed.
-When no other ``datasets`` exists, the finder steps aside and the checkout's is found as before.
+The bare names still belong to the user. ``install()`` (run when ``harness`` is imported, in the
+parent and in every child) puts one finder in front of ``sys.meta_path`` for the two names
+``datasets`` and ``models``: it looks everywhere on ``sys.path`` except the checkout, so a user's
+factory module that says ``from datasets import load_dataset`` gets Hugging Face's package when it is
+installed, and ``--model models:make`` a ``models.py`` of the user's own in the working folder. When
+no other exists, the finder steps aside and the checkout's is found as before.
 """
 from __future__ import annotations
 
@@ -26,14 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # site-packages' datasets, Hugging Face's, under our name.
 __path__ = [str(ROOT)] if (ROOT / "datasets" / "sharding.py").is_file() else []
 
-SHADOWED = "datasets"
+SHADOWED = ("datasets", "models")
 
 
-class _PreferOtherDatasets(importlib.abc.MetaPathFinder):
-    """Finds the bare ``datasets`` anywhere but the checkout; None (so the usual search runs) if absent."""
+class _PreferTheUsers(importlib.abc.MetaPathFinder):
+    """Finds the bare ``datasets`` and ``models`` anywhere but the checkout; None (so the usual search runs) if
+    absent."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != SHADOWED:
+        if fullname not in SHADOWED:
             return None
         elsewhere = [p for p in sys.path if _resolved(p) != ROOT]
         return importlib.machinery.PathFinder.find_spec(fullname, elsewhere)
@@ -47,5 +49,5 @@ def _resolved(entry: str) -> Path:
 
 
 def install() -> None:
-    if not any(isinstance(finder, _PreferOtherDatasets) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PreferOtherDatasets())
+    if not any(isinstance(finder, _PreferTheUsers) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PreferTheUsers())

@@ -33,9 +33,24 @@ def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
         raise _cannot_import(spec, what, e) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ValueError(f"module '{module_name}' has no callable '{attr}'; give 'package.module:factory' "
-                         f"naming a function {signature} there")
+        raise ValueError(_no_callable(module, attr, signature))
     return factory
+
+
+def _no_callable(module: Any, attr: str, signature: str) -> str:
+    """Why ``module`` has no callable ``attr``, with the fix: a factory in the running script, another module of
+    the same name found before the user's file, or simply a name missing from it."""
+    import os
+    name, where = module.__name__, getattr(module, "__file__", None)
+    if name == "__main__":
+        return (f"'__main__:{attr}' names the running script, which the workers do not run: put {attr} in a "
+                f"module file (e.g. my_factories.py) and give 'my_factories:{attr}'")
+    own = os.path.abspath(f"{name.replace('.', os.sep)}.py")
+    if os.path.isfile(own) and where and os.path.abspath(where) != own:
+        return (f"module '{name}' has no callable '{attr}': it is {where}, which comes before your {own} on the "
+                f"path; rename your file (e.g. my_{name.rpartition('.')[2]}.py) and the name with it")
+    return (f"module '{name}' has no callable '{attr}' ({where}); give 'package.module:factory' naming a "
+            f"function {signature} there")
 
 
 def check_findable(spec: str, what: str) -> None:
@@ -48,7 +63,11 @@ def check_findable(spec: str, what: str) -> None:
 
 
 def _cannot_import(spec: str, what: str, reason: object) -> ValueError:
-    return ValueError(f"cannot import module '{spec.partition(':')[0]}' for {what} '{spec}': {reason}; {FIND_IT}")
+    module = spec.partition(":")[0]
+    if module.endswith(".py"):
+        return ValueError(f"{what} '{spec}' names a file: give the module's name without .py, "
+                          f"'{module.removesuffix('.py')}:{spec.partition(':')[2]}'")
+    return ValueError(f"cannot import module '{module}' for {what} '{spec}': {reason}; {FIND_IT}")
 
 
 def _not_found(module: str) -> str | None:

@@ -1,3 +1,7 @@
+import importlib
+import re
+import sys
+
 import pytest
 import torch
 
@@ -139,6 +143,29 @@ def test_module_factory_form_builds_user_model():
 def test_bad_model_names_raise(name, match):
     with pytest.raises(ValueError, match=match):
         build_model(name, DIGITS)
+
+
+def test_a_model_module_named_as_one_that_comes_first_or_as_a_file_or_the_script_is_named_with_the_fix(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "test.py").write_text("def make(info):\n    pass\n")      # the standard library's test comes first
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])      # last, as Train.py puts its folder
+    cases = [("test:make", f"it is {importlib.import_module('test').__file__}, which comes before your "
+                           f"{tmp_path / 'test.py'} on the path; rename your file"),
+             ("mine.py:make", "names a file: give the module's name without .py, 'mine:make'"),
+             ("__main__:make", "names the running script, which the workers do not run: put make in a module file")]
+    for name, match in cases:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            build_model(name, DIGITS)
+
+
+def test_a_models_py_of_the_user_s_own_is_the_bare_name_models(tmp_path, monkeypatch):
+    (tmp_path / "models.py").write_text("import torch\ndef make(info):\n    return torch.nn.Linear(64, 3)\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])      # last, as Train.py puts its folder
+    monkeypatch.delitem(sys.modules, "models", raising=False)
+    assert build_model("models:make", DIGITS).out_features == 3
+    assert sys.modules["models"].__file__ == str(tmp_path / "models.py")
+    monkeypatch.delitem(sys.modules, "models")
 
 
 def test_loss_fn_handles_tokens_like_flat_classes():
