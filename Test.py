@@ -12,8 +12,8 @@ import sys
 from harness import ChildError, ChildFailed
 from harness.launch.placement import resolve_gpus
 from harness.plugins import find_in_working_folder, unimportable
-from harness.resilience.checkpoint import CheckpointError, load_checkpoint
-from harness.training.config import DEFAULT_SAVE
+from harness.resilience.checkpoint import CheckpointError, ModelMismatch, load_checkpoint
+from harness.training.config import DEFAULT_SAVE, TrainConfig, rebased
 from harness.training.evaluation import report, evaluate_checkpoint
 
 
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as e:
         print(f"Test.py: error: {e}", file=sys.stderr)
         return 2
+    # the trained run's relative paths (its --data-dir) from the folder it ran in, when Test.py runs in another
+    state["config"] = rebased(TrainConfig.from_dict(state["config"]), args.checkpoint).to_dict()
     if args.data_dir:
         state["config"]["data_dir"] = args.data_dir
     for what in ("model", "dataset", "loss"):
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = evaluate_checkpoint(state, len(gpus) or args.cpu_workers, gpus,
                                  args.batch_size or state["config"]["batch_size"])
+    except ModelMismatch as e:
+        print(f"Test.py: error: {args.checkpoint}: {e}", file=sys.stderr)
+        return 2
     except (ChildError, ChildFailed, FileNotFoundError) as e:
         print(f"Test.py: evaluation failed: {e}", file=sys.stderr)
         return 1

@@ -212,6 +212,38 @@ def test_test_py_rejects_bad_arguments(flags, capsys):
     assert status == 2 and "Test.py: error:" in err
 
 
+def test_a_model_that_builds_otherwise_than_its_checkpoint_is_one_line_for_test_py_and_for_resume(
+        tmp_path, monkeypatch, capsys):
+    """As when the model's file or options changed since it was trained (here: the saved options, rewritten)."""
+    _, trained = run_train(tmp_path, "--max-steps", "5", "--model-options", '{"hidden": [32]}')
+    state, save = load_checkpoint(trained), tmp_path / "edited.pt"       # mapped from its file: saved elsewhere
+    state["config"]["model_options"] = {"hidden": [48]}
+    torch.save(state, save)
+    for workers in ("0", "2"):
+        status, _, err = run_test_py(capsys, "--checkpoint", str(save), "--cpu-workers", workers)
+        assert status == 2 and err.strip().splitlines() == [
+            f"Test.py: error: {save}: the checkpoint does not fit --model mlp as it builds now: 1.weight is "
+            "[32, 64] there and [48, 64] here (and 2 more); it was trained with other model code or --model-options"]
+    line = train_error("--resume", str(save), "--max-steps", "10", "--log-dir", str(tmp_path / "again"),
+                       monkeypatch=monkeypatch, capsys=capsys)
+    assert line.startswith(f"Train.py: error: --resume {save} does not fit --model mlp as it builds now: 1.weight is")
+
+
+def test_test_py_from_another_folder_reads_the_data_from_the_trained_run_s_folder(tmp_path, monkeypatch, capsys):
+    trained, elsewhere = tmp_path / "trained", tmp_path / "elsewhere"
+    (trained / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.chdir(trained)
+    user = "tests.helpers.user_code"
+    run(Train.parse_args(["--model", f"{user}:linear", "--dataset", f"{user}:loads", "--loss", f"{user}:mse",
+                          "--data-dir", "data", "--max-steps", "3", "--save", "m.pt", "--log-dir", "logs"]))
+    (trained / "data" / "val.pids").unlink()
+    monkeypatch.chdir(elsewhere)
+    status, _, err = run_test_py(capsys, "--checkpoint", str(trained / "m.pt"))
+    assert status == 0, err
+    assert (trained / "data" / "val.pids").read_text() and not (elsewhere / "data").exists()
+
+
 def test_oddeven_prints_the_seeds_lines(tmp_path, capsys):
     _, save = run_train(tmp_path, "--model", "oddeven", "--dataset", "oddeven", "--epochs", "3")
     status, out, err = run_test_py(capsys, "--checkpoint", str(save))

@@ -94,6 +94,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
+class ModelMismatch(ValueError):
+    """A checkpoint's model state does not fit the model its config builds now (``state_mismatch``)."""
+
+
+def state_mismatch(built: dict[str, Any], saved: dict[str, Any]) -> str | None:
+    """Where a checkpoint's model state (``saved``) does not fit a model's (``built``, a state dict or its shapes),
+    in one phrase; None where it fits. A model's code or options that changed since it was trained show here, before
+    ``load_state_dict`` says so in a paragraph."""
+    shape = {k: list(v.shape) for k, v in built.items()}
+    problems = [f"{k} is {list(v.shape)} there and {shape[k]} here" for k, v in saved.items()
+                if k in shape and list(v.shape) != shape[k]]
+    problems += [f"{k} is missing there" for k in shape if k not in saved]
+    problems += [f"{k} is there and not here" for k in saved if k not in shape]
+    if not problems:
+        return None
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
 def _check_state(path: Path, state: dict) -> None:
     """Reject at save time what load_checkpoint would reject, so a bad checkpoint is never written."""
     if not isinstance(state, dict):

@@ -392,7 +392,7 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     from harness.data.pipeline import default_data_workers
     from harness.resilience.checkpoint import CheckpointError, load_checkpoint
     _check_loss(config)
-    samples, validated = _check_data_and_model(config)
+    samples, validated, info = _check_data_and_model(config)
     config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
                             else default_data_workers(config.workers))
     check_early_stop(config, validated)
@@ -404,7 +404,22 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
         raise ConfigError(str(e)) from None
     if saved:
         _check_resumable(config, saved)
+        _check_model_state(config, info, saved["model"])
     return config
+
+
+def _check_model_state(config: TrainConfig, info: Any, saved: dict) -> None:
+    """The model as it builds now (on the meta device) fits the checkpoint's state: its code or --model-options may
+    have changed since it was trained. A model that cannot be built on the meta device is not checked here (its
+    workers' load_state_dict says so)."""
+    from harness.resilience.checkpoint import state_mismatch
+    from harness.training.fit import on_meta
+    model = on_meta(config, info)
+    differs = state_mismatch(model.state_dict(), saved) if model is not None else None
+    if differs:
+        raise ConfigError(f"--resume {config.resume} does not fit --model {config.model} as it builds now: {differs}; "
+                          "it was trained with other model code or --model-options: restore them to resume it, or "
+                          "train anew without --resume")
 
 
 def _check_loss(config: TrainConfig) -> None:
@@ -477,11 +492,11 @@ def trained(config: TrainConfig, saved: dict) -> tuple[int, int, str]:
     return saved["step"], total, ""
 
 
-def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
+def _check_data_and_model(config: TrainConfig) -> tuple[int, bool, Any]:
     """Check the data's cheap facts (a streamed dataset is scanned and one sample of each split
     decoded; nothing is loaded whole) and the model on a batch of it (fit.py): a missing file, a bad
     option or a batch larger than a worker's shard fails here, not in every worker. Returns the
-    number of training samples, and whether there is a validation split."""
+    number of training samples, whether there is a validation split, and the data's DataInfo."""
     from harness.checkout.datasets import check_data
     from harness.training.fit import check_fit
     check_held_out(config)
@@ -495,7 +510,7 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool]:
         accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
         raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
                           f"samples of {samples} over {config.workers} workers); use at most {shard} in all")
-    return samples, facts.validated
+    return samples, facts.validated, facts.info
 
 
 def check_held_out(config: TrainConfig) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from harness.data.batch import Batch, call_model, is_pair, samples
+from harness.resilience.checkpoint import ModelMismatch, state_mismatch
 from harness.training.config import TrainConfig
 from harness.training.losses import logits_of, make_loss
 
@@ -64,6 +65,10 @@ def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any,
         raise FileNotFoundError(f"dataset {config.dataset} has no test split to evaluate (its factory "
                                 "returned None for 'val')")
     model = make_model(config, data.test.info, device)
+    differs = state_mismatch(model.state_dict(), state["model"])
+    if differs:
+        raise ModelMismatch(f"the checkpoint does not fit --model {config.model} as it builds now: {differs}; it "
+                            "was trained with other model code or --model-options")
     model.load_state_dict(state["model"])
     return config, data.test, model.eval()
 
@@ -168,8 +173,10 @@ def report(result: dict, as_json: bool) -> None:
 
 def evaluate_checkpoint(state: dict, workers: int, gpus: list[int], batch_size: int) -> dict:
     """The checkpoint's model on its test split: on ``workers`` workers (on ``gpus``, else CPU) or, with
-    none, in this process. Raises ChildError/ChildFailed/FileNotFoundError when evaluation fails."""
+    none, in this process. Raises ChildError/ChildFailed/FileNotFoundError when evaluation fails, ModelMismatch
+    (here, before any worker starts: the examples are made first) where the model built now does not fit it."""
     from harness import Parent
+    shown = examples(state)
     if workers:
         with Parent() as parent:
             kids = parent.fork(workers, gpus=gpus or None)
@@ -178,4 +185,4 @@ def evaluate_checkpoint(state: dict, workers: int, gpus: list[int], batch_size: 
     else:
         scores = [score_shard(None, state, batch_size)]
     total = {key: sum(score[key] for score in scores) for key in scores[0]}
-    return summarize(state, total, examples(state))
+    return summarize(state, total, shown)
