@@ -32,7 +32,11 @@ def build_model(name: str, info, **options) -> torch.nn.Module:
     if name in MODELS:
         return MODELS[name](info, **options)
     if ":" in name:
-        return import_factory(name, "model", "factory(info, **options)")(info, **options)
+        import torch
+        model = import_factory(name, "model", "factory(info, **options)")(info, **options)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
+        return model
     raise ValueError(
         f"unknown model '{name}'; valid names: {', '.join(model_names())}, "
         f"or 'package.module:factory' for a factory(info, **options) of your own"

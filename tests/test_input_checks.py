@@ -239,6 +239,22 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
     assert check(config)[1].samples == 3         # of 6: half held out
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "tests.helpers.user_code:frozen"], "--model tests.helpers.user_code:frozen: the loss depends on no "
+     "parameter that trains, so training would change nothing: none of the model's parameters requires grad"),
+    (["--loss", "tests.helpers.user_code:detached_loss"], "--loss tests.helpers.user_code:detached_loss depends on no "
+     "parameter that trains, so training would change nothing: the loss does not require grad; make it from the "
+     "model's output without .detach() or torch.no_grad()"),
+    (["--model", "tests.helpers.batchnorm_model:model", "--batch-size", "1"], "--batch-size 1: --model "
+     "tests.helpers.batchnorm_model:model normalises over the batch (BatchNorm), which one sample cannot train"),
+    (["--model", "tests.helpers.user_code:not_a_module"],
+     "--model tests.helpers.user_code:not_a_module: the factory returned a str, not a torch.nn.Module"),
+])
+def test_a_model_and_loss_that_would_train_nothing_or_fail_in_the_workers_are_refused_in_one_line(
+        flags, message, monkeypatch, capsys):
+    assert message in train_error(*flags, "--save", "", monkeypatch=monkeypatch, capsys=capsys)
+
+
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.md").write_text("x")
     line = train_error("--log-dir", str(tmp_path / "notes.md"), monkeypatch=monkeypatch, capsys=capsys)

@@ -22,6 +22,7 @@ input token id beyond the embedding is left to the workers.
 from __future__ import annotations
 
 import json
+import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -39,10 +40,12 @@ SAMPLES = 2
 
 
 class Problem(NamedTuple):
-    """What a batch met in the check: the first line of what was raised, and whether the user's --loss raised it."""
+    """What a batch met in the check: the first line of what was raised (or of what is wrong), and whose it is:
+    "model" (the model, or the default loss, against the data), "loss" (the user's --loss raised it) or "gradient"
+    (the loss depends on no trainable parameter: training would change nothing)."""
 
     line: str
-    in_loss: bool = False
+    source: str = "model"
 
 
 def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
@@ -54,7 +57,8 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
     if train is None:
         options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
         train = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options).train
-    batch = next(evaluation_batches(train, 0, 1, SAMPLES, torch.device("cpu")))
+    # the run's own batch size where it is below SAMPLES: a BatchNorm that a single sample cannot train fails here
+    batch = next(evaluation_batches(train, 0, 1, min(SAMPLES, config.batch_size), torch.device("cpu")))
     model = on_meta(config, info)
     size = sum(p.numel() for p in model.parameters()) if model is not None else 0
     if size > FAST_LIMIT:
@@ -98,11 +102,16 @@ def on_cpu(config: TrainConfig, info: DataInfo) -> Any:
 
 def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, Problem | None]:
     """(the model's output, None) where ``batch`` went through ``model`` and the loss on ``device`` (or met an
-    operation without a meta kernel: nothing can be said then), else (None, what it raised and where)."""
+    operation without a meta kernel: nothing can be said then), else (None, what it raised and where). Autograd
+    records it (a batch of two costs little), so a loss that no trainable parameter reaches is found too."""
+    if not any(p.requires_grad for p in model.parameters()):
+        return None, Problem("none of the model's parameters requires grad; unfreeze some (requires_grad=True)",
+                             "gradient")
     moved = tree_map(lambda t: t.to(device), batch)
     stage = "model"
     try:
-        with torch.no_grad():
+        with warnings.catch_warnings():       # said again by training itself, where they belong
+            warnings.simplefilter("ignore")
             output = call_model(model, moved)
             stage = "loss"
             loss = make_loss(config.loss)(output, moved)
@@ -114,7 +123,10 @@ def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.devic
         return None, None
     except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return None, Problem(line, stage == "loss" and config.loss is not None)
+        return None, Problem(line, "loss" if stage == "loss" and config.loss is not None else "model")
+    if not loss.requires_grad:
+        return None, Problem("the loss does not require grad; make it from the model's output without .detach() "
+                             "or torch.no_grad()", "gradient")
     return output, None
 
 
@@ -137,7 +149,14 @@ def refusal(config: TrainConfig, kind: str, batch: Batch, problem: Problem) -> C
         return ConfigError(f"--dataset {config.dataset} gives float64 samples, which --model {config.model}'s float32 "
                            f"weights do not take ({problem.line}); make them float32 (x.astype(np.float32), "
                            "torch.from_numpy(x).float())")
-    if problem.in_loss:
+    if problem.source == "gradient":
+        loss = f"--loss {config.loss}" if config.loss else "the loss"
+        return ConfigError(f"--model {config.model}: {loss} depends on no parameter that trains, so training would "
+                           f"change nothing: {problem.line}")
+    if "Expected more than 1 value per channel" in problem.line and config.batch_size == 1:
+        return ConfigError(f"--batch-size 1: --model {config.model} normalises over the batch (BatchNorm), which one "
+                           f"sample cannot train ({problem.line}); use --batch-size 2 or more")
+    if problem.source == "loss":
         return ConfigError(f"--loss {config.loss} does not take the output of --model {config.model}: "
                            f"{problem.line} (a batch of {_describe(batch)}); the loss is called "
                            "as fn(output, batch) and must return a scalar tensor")

@@ -231,3 +231,17 @@ class Doubles(torch.utils.data.Dataset):
 
 def doubles(split: str, data_dir: str | None) -> Doubles:
     return Doubles(split)
+
+
+def frozen(info) -> torch.nn.Module:
+    """Every parameter frozen: nothing to train."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, info.num_classes)).requires_grad_(False)
+
+
+def detached_loss(output: torch.Tensor, batch) -> torch.Tensor:
+    """A loss that autograd cannot take back to the model."""
+    return torch.nn.functional.cross_entropy(output.detach(), batch[1])
+
+
+def not_a_module(info) -> str:
+    return "a model"
