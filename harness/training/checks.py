@@ -396,6 +396,7 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
                             else default_data_workers(config.workers))
     check_early_stop(config, validated)
+    check_warmup(config)
     if config.mode != "async":      # rank 0 writes it, on a host that need not be the parent's
         _check_writable(config)
     try:
@@ -420,6 +421,16 @@ def _check_model_state(config: TrainConfig, info: Any, saved: dict) -> None:
         raise ConfigError(f"--resume {config.resume} does not fit --model {config.model} as it builds now: {differs}; "
                           "it was trained with other model code or --model-options: restore them to resume it, or "
                           "train anew without --resume")
+
+
+def check_warmup(config: TrainConfig) -> None:
+    """A warm-up as long as the run (known once the data's size is) never reaches --lr: the run trains at a
+    fraction of the rate it was given."""
+    total = config.total_updates(config.steps_per_epoch())
+    if config.warmup_steps >= total:
+        raise ConfigError(f"--warmup-steps {config.warmup_steps} is as long as the run or longer ({total} updates): "
+                          f"the rate would never reach --lr {config.lr}; warm up for a few percent of the run "
+                          f"(e.g. --warmup-steps {max(1, total // 20)}) or train longer")
 
 
 def _check_loss(config: TrainConfig) -> None:
@@ -509,7 +520,8 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool, Any]:
     if config.batch_size * config.grad_accum > shard:
         accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
         raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
-                          f"samples of {samples} over {config.workers} workers); use at most {shard} in all")
+                          f"samples of {samples} over {config.workers} workers); --batch-size is each worker's, "
+                          f"so --batch-size{accum} can be {shard} at most")
     return samples, facts.validated, facts.info
 
 
