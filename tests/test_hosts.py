@@ -6,6 +6,7 @@ environments, its srun steps' arguments through a stand-in srun."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -23,6 +24,7 @@ from harness.launch.placement import assign_on_hosts
 from harness.resilience.checkpoint import load_checkpoint
 from harness.launch.launchers import Host, Slurm, Ssh, expand_counts, expand_nodelist, parse_hosts, read_hostfile, slurm_hosts
 from harness.training.metrics import read_metrics
+from tests.helpers import ROOT
 from tests.helpers.engines import Job
 from tests.helpers.netns_hosts import Hosts
 from tests.helpers.processes import harness_children, wait_gone
@@ -266,6 +268,7 @@ def test_slurm_starts_one_srun_step_a_node_with_the_cpus_of_its_workers(tmp_path
     assert sorted((s.split("--nodelist=")[1].split()[0], s.split("--cpus-per-task=")[1].split()[0]) for s in steps) \
         == [("node1", "6"), ("node2", "3")]                          # 2 and 1 workers of 3 CPUs each
     assert not any(parent._key.hex() in s for s in steps)           # the key is in the requests on stdin, not argv
+    assert all(re.search(rf"PYTHONPATH={re.escape(str(ROOT))}[:\s]", s) for s in steps)    # the checkout itself
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
 FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "OMP_", "MKL_", "PYTHON", "HARNESS_")
-ROOT = str(Path(__file__).resolve().parent.parent)      # the checkout: harness/ and models/ live here
+ROOT = str(Path(__file__).resolve().parents[2])      # the checkout: harness/ and models/ live here
 
 
 @dataclass(frozen=True)
