@@ -11,13 +11,9 @@ import time
 
 import pytest
 
-import Train
 from harness import ChildFailed, Parent
 from harness.launch import session
 from harness.launch.launchers import Host, Ssh
-from harness.training import run
-from harness.training.metrics import read_metrics
-from tests.helpers import slow_model
 from tests.helpers.processes import alive, wait_gone
 
 
@@ -193,6 +189,12 @@ def test_a_run_s_restarted_group_is_forked_by_the_session_its_first_group_starte
     """Train.py --launcher ssh keeps one launcher for the whole run: the group that replaces a failed one (here
     rank 0 dies while it checks the inputs, which costs one of --max-restarts) finds its host's session, and the
     zygote that imported torch there, still up. Each ssh connection is one line of the log."""
+    # imported here, not by the module, whose functions the other tests' children unpickle: importing torch for
+    # that would hold a child's heartbeat back past those tests' short timeouts
+    import Train
+    from harness.training import run
+    from harness.training.metrics import read_metrics
+    from tests.helpers import slow_model
     connections = tmp_path / "connections"
     ssh = tmp_path / "ssh-logged"
     ssh.write_text(f'#!/bin/sh\necho "$4" >> {connections}\nshift 4\nexec sh -c "$1"\n')
