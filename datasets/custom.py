@@ -92,21 +92,35 @@ def infer_info(dataset: Any, spec: str) -> DataInfo:
     x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
     classes = getattr(dataset, "classes", None)
     count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)
+    count = labels_in(dataset) if count is None else count
     if _is_regression(y) and not isinstance(count, int):
         count = 1       # float targets: a regression, whose model has one output per target unless it says more
     if not isinstance(count, int) or count < 1 or (count == 1 and not _is_regression(y)):
         raise DataError(f"dataset {spec}: cannot tell the number of classes; give the dataset a `classes` list, "
                         "a `num_classes` int (2 or more), or an `info` (harness.checkout.datasets.DataInfo); "
                         "float targets need none (a regression)")
-    if x.is_floating_point() or x.dtype == torch.uint8:
-        kind = {1: "vector", 3: "image"}.get(x.dim())
-    else:
-        kind = "tokens" if x.dim() == 1 else None
-    if kind is None:
-        raise DataError(f"dataset {spec}: samples of shape {tuple(x.shape)} and dtype {x.dtype} are not images "
-                        "(C, H, W), vectors (D,) or token ids (T,); give the dataset an `info`")
+    if count > 1 and _is_regression(y) and np.ndim(y) == 0:
+        raise DataError(f"dataset {spec}: its targets are floats ({y!r}) but it names {count} classes; class labels "
+                        "are integers (y.long(), int(y)), or drop `classes`/`num_classes` for a regression")
     names = tuple(str(c) for c in classes) if classes is not None else ()
-    return DataInfo(kind, tuple(x.shape), count, names)
+    return DataInfo(kind_of(x), tuple(x.shape), count, names)
+
+
+def labels_in(dataset: Any) -> int | None:
+    """The classes a TensorDataset's integer labels count (their largest plus one), read off its label tensor at no
+    cost; None for any other dataset, which would have to be read whole."""
+    if isinstance(dataset, torch.utils.data.TensorDataset) and len(dataset.tensors) == 2 and len(dataset) \
+            and not dataset.tensors[1].is_floating_point():
+        return int(dataset.tensors[1].max()) + 1
+    return None
+
+
+def kind_of(x: torch.Tensor) -> str:
+    """What a sample is, for the built-in models' checks: an image (C, H, W), a vector (D,), token ids (T,), a
+    sequence of vectors (T, D), else a tensor (the user's own model knows it)."""
+    if x.is_floating_point() or x.dtype == torch.uint8:
+        return {1: "vector", 2: "sequence", 3: "image"}.get(x.dim(), "tensor")
+    return "tokens" if x.dim() == 1 else "tensor"
 
 
 def _is_regression(target: Any) -> bool:

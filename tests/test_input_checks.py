@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 import Train
 from harness.launch.launchers import read_hostfile
@@ -170,6 +171,17 @@ def test_a_regression_needs_no_class_count_and_a_built_in_model_gets_one_output_
                       batch_size=2, save=None))
 
 
+def test_what_a_plain_dataset_s_samples_are_is_read_off_them():
+    tensors = torch.utils.data.TensorDataset
+    labels = torch.tensor([0, 2, 1, 2])
+    assert infer_info(tensors(torch.zeros(4, 5), labels), "plain") == DataInfo("vector", (5,), 3)   # labels 0..2
+    assert infer_info(tensors(torch.zeros(4, 7, 5), labels), "lstm").kind == "sequence"
+    assert infer_info(tensors(torch.zeros(4, 2, 3, 8, 8), labels), "video").kind == "tensor"
+    with pytest.raises(ValueError, match=r"its targets are floats \(tensor\(1\.\)\) but it names 2 classes; class labels "
+                                         r"are integers \(y\.long\(\), int\(y\)\)"):
+        infer_info(user_code.FloatLabels(), "float labels")
+
+
 @pytest.mark.parametrize("loss, said", [
     ("mse_of_the_output_alone", "mse_of_the_output_alone() takes 1 positional argument but 2 were given"),
     ("mse_as_a_float", "it returned a float, not a 0-d tensor"),
@@ -217,6 +229,9 @@ def test_numbers_that_make_no_sense_are_refused_in_one_line(flags, message, monk
      "--target-error 0.1 sets when to stop on validation, and --dataset synthetic has no validation split"),
     (["--save", "", "--save-every-steps", "5"], "--save-every-steps 5 sets how often --save writes, and this run "
                                                 "saves nothing (--save ''); give --save a path or drop it"),
+    (["--cuda-graph", "--no-tf32"], "--cuda-graph, --no-tf32 set how GPU workers run, and this run's workers are on "
+                                    "the CPU; drop them (or pass --gpus)"),
+    (["--log-dir", ""], "--log-dir '' names no folder, and every run writes its log; give one (default runs)"),
 ])
 def test_a_flag_that_would_change_nothing_in_the_run_is_refused_in_one_line(flags, message, monkeypatch, capsys):
     assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)

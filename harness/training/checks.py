@@ -202,6 +202,9 @@ def check_outputs(config: TrainConfig) -> None:
     """What the run writes can be written (without torch: before the workers start). The checkpoint's folder
     is probed here, where the run's lock goes beside it (and in async mode the checkpoint itself), and again
     by rank 0 (``check_inputs``), which writes it from its own host in the other modes."""
+    if not config.log_dir:
+        raise ConfigError(f"--log-dir '' names no folder, and every run writes its log; give one (default "
+                          f"{TrainConfig.log_dir})")
     if Path(config.log_dir).exists() and not Path(config.log_dir).is_dir():
         raise ConfigError(f"--log-dir {config.log_dir} is a file, not a folder; give a folder for the log "
                           f"(default {TrainConfig.log_dir})")
@@ -262,6 +265,7 @@ def check_across(config: TrainConfig, gpus: list[int]) -> None:
     check_outer(config)
     check_async(config)
     check_idle(config)
+    check_gpu_flags(config, gpus)
     if config.amp == "fp16" and not fused:
         impl = f" --optimizer-impl {config.optimizer_impl}" if config.optimizer_impl else ""
         raise ConfigError(f"--amp fp16 skips an overflowing update through the flag fused optimizers read, which "
@@ -307,6 +311,20 @@ def check_idle(config: TrainConfig) -> None:
     if profiled and not config.profile:
         raise ConfigError(f"{_listed(profiled)} {_verb(profiled)} what --profile records; add --profile DIR or drop "
                           f"{_them(profiled)}")
+
+
+def check_gpu_flags(config: TrainConfig, gpus: list[int]) -> None:
+    """--cuda-graph and --no-tf32 set how GPU workers run: refused for CPU workers, as ``check_idle`` refuses (not on
+    a resume, whose settings may be the saved run's, from GPUs)."""
+    if config.resume:
+        return
+    given = {"cuda_graph": True} if config.cuda_graph else {}
+    if not config.tf32:
+        given["tf32"] = False
+    if given and not gpus:
+        flags = ", ".join("--cuda-graph" if name == "cuda_graph" else "--no-tf32" for name in given)
+        raise ConfigError(f"{flags} {_verb(given)} how GPU workers run, and this run's workers are on the CPU; drop "
+                          f"{_them(given)} (or pass --gpus)")
 
 
 def _given(config: TrainConfig, *names: str) -> dict[str, Any]:

@@ -249,7 +249,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
         log.close()
     plot = plot_metrics(read_metrics(log.path), Path(config.log_dir) / "metrics.png")
     print(f"log: {log.path}" + (f", plot: {plot}" if plot else "")
-          + (f", checkpoint: {config.save}" if config.save else ""))
+          + (f", checkpoint: {progress.saved}" if progress.saved else ""))     # this run's, not an earlier one's
     if results[0]["diverged"]:
         good = progress.saved or config.resume
         raise Diverged(f"training diverged: {results[0]['diverged']}; "

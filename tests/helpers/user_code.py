@@ -245,3 +245,15 @@ def detached_loss(output: torch.Tensor, batch) -> torch.Tensor:
 
 def not_a_module(info) -> str:
     return "a model"
+
+
+class FloatLabels(torch.utils.data.Dataset):
+    """Two named classes whose labels are float 0/1, as a dataframe's column often is."""
+
+    classes = ["no", "yes"]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3), torch.tensor(float(i % 2 == 0))
