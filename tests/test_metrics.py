@@ -2,7 +2,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.training.config import TrainConfig
 from harness.training.metrics import MetricsLog, curves, plot_metrics, read_metrics
+from harness.training.progress import Progress
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -85,3 +87,20 @@ def test_curves_draw_the_last_fresh_run_and_the_runs_that_resumed_it():
     assert curves(earlier + fresh).loss == ([1], [2.3])
     assert curves(earlier + fresh + resumed).loss == ([1, 2], [2.3, 2.0])
     assert curves(earlier[1:]).loss == ([1, 2, 3, 4], [0.5, 0.25, 0.5 / 3, 0.125])     # a log from before "run"
+
+
+@pytest.mark.parametrize("mode", ["grad", "async"])
+def test_a_validation_is_said_once_on_the_epoch_s_line_or_in_async_mode_on_its_own(mode, tmp_path, capsys):
+    """--mode async: the server has one worker validate when all workers' updates come due, not at rank 0's epochs."""
+    measured = {"val_error": 0.25, "val_loss": 1.0}
+    with MetricsLog(tmp_path) as log:
+        progress = Progress(TrainConfig(mode=mode), 20, log)
+        progress.handle({"event": "validation", "epoch": 0, "step": 20, "epoch_end": True, **measured})
+        progress.handle({"event": "epoch", "epoch": 1, "step": 20, "train_loss": 2.0, "seconds": 0.5, "lr": 0.05,
+                         **measured})
+        progress.close()
+    said = capsys.readouterr()
+    lines = [line for line in (said.out + said.err).replace("\r", "\n").splitlines() if line[:6] in ("Epoch ", "Update")]
+    assert lines == (["Update 20: validation error 25.00%", "Epoch 1/10: average loss per sample 2.0000 (0.5 s)"]
+                     if mode == "async" else
+                     ["Epoch 1/10: average loss per sample 2.0000, validation error 25.00% (0.5 s)"])

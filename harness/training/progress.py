@@ -23,6 +23,9 @@ class Progress:
         self.epochs = -(-self.total // steps_per_epoch)
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
         self.last_saved: dict | None = None     # the "saved" record of the last checkpoint this run wrote
+        # --mode async: the server has one worker validate when the updates of all come due, not at rank 0's
+        # epochs, so each validation is a line of its own and the epoch lines say the training loss alone
+        self.apart = config.mode == "async"
 
     @property
     def saved(self) -> str | None:
@@ -58,11 +61,11 @@ class Progress:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:.0f}")
         elif event == "epoch":
             self.bar.set_description(f"epoch {record['epoch']}/{self.epochs}")
-            validated = validation_words(record)
+            validated = validation_words(record) if not self.apart else None
             tqdm.write(f"Epoch {record['epoch']}/{self.epochs}: average loss per sample "
                        f"{record['train_loss']:.4f}" + (f", {validated}" if validated else "")
                        + f" ({record['seconds']:.1f} s)")
-        elif event == "validation" and record.get("epoch_end") is False:       # no epoch's line will say it
+        elif event == "validation" and (record.get("epoch_end") is False or self.apart):   # no epoch's line says it
             validated = validation_words(record)
             if validated:
                 tqdm.write(f"Update {record['step']}: {validated}")
