@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from harness import ChildError, ChildFailed
+from harness.checkout.datasets import FOLDERLESS
 from harness.launch.placement import resolve_gpus
 from harness.plugins import find_in_working_folder, unimportable
 from harness.resilience.checkpoint import CheckpointError, ModelMismatch, load_checkpoint
@@ -44,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     # the trained run's relative paths (its --data-dir) from the folder it ran in, when Test.py runs in another
     state["config"] = rebased(TrainConfig.from_dict(state["config"]), args.checkpoint).to_dict()
     if args.data_dir:
+        if state["config"]["dataset"] in FOLDERLESS:
+            print(f"Test.py: error: --data-dir {args.data_dir}: the checkpoint's --dataset {state['config']['dataset']} "
+                  "reads no folder (it is bundled or generated); drop --data-dir", file=sys.stderr)
+            return 2
         state["config"]["data_dir"] = args.data_dir
     for what in ("model", "dataset", "loss"):
         why = unimportable(state["config"].get(what) or "", what)

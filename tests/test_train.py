@@ -212,6 +212,14 @@ def test_test_py_rejects_bad_arguments(flags, capsys):
     assert status == 2 and "Test.py: error:" in err
 
 
+def test_test_py_refuses_a_data_dir_that_the_checkpoint_s_dataset_does_not_read(one_epoch, capsys):
+    _, save, _ = one_epoch
+    status, _, err = run_test_py(capsys, "--checkpoint", str(save), "--data-dir", "/tmp")
+    assert status == 2 and err.strip().splitlines() == [
+        "Test.py: error: --data-dir /tmp: the checkpoint's --dataset digits reads no folder (it is bundled or "
+        "generated); drop --data-dir"]
+
+
 def test_a_model_that_builds_otherwise_than_its_checkpoint_is_one_line_for_test_py_and_for_resume(
         tmp_path, monkeypatch, capsys):
     """As when the model's file or options changed since it was trained (here: the saved options, rewritten)."""
