@@ -7,6 +7,7 @@ this process, or on workers in parallel with --gpus / --cpu-workers) and prints
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness import ChildError, ChildFailed
@@ -30,6 +31,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def trained_data_dir(config: dict, checkpoint: str) -> dict:
+    """The checkpoint's config with a relative --data-dir that is not found from here read from the folder the
+    trained run ran in (Test.py started elsewhere: config.rebased); one found from here is kept (a copied
+    checkpoint tested from the project's folder)."""
+    data_dir = config.get("data_dir")
+    if not data_dir or os.path.isabs(data_dir) or os.path.exists(data_dir):
+        return config
+    return {**config, "data_dir": rebased(TrainConfig.from_dict(config), checkpoint).data_dir}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if (args.batch_size is not None and args.batch_size < 1) or args.cpu_workers < 0:
@@ -42,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError) as e:
         print(f"Test.py: error: {e}", file=sys.stderr)
         return 2
-    # the trained run's relative paths (its --data-dir) from the folder it ran in, when Test.py runs in another
-    state["config"] = rebased(TrainConfig.from_dict(state["config"]), args.checkpoint).to_dict()
+    state["config"] = trained_data_dir(state["config"], args.checkpoint)
     if args.data_dir:
         if state["config"]["dataset"] in FOLDERLESS:
             print(f"Test.py: error: --data-dir {args.data_dir}: the checkpoint's --dataset {state['config']['dataset']} "

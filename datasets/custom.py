@@ -38,7 +38,7 @@ def open_custom(spec: str, data_dir: str | None, seed: int = 0, **options: Any) 
     if train is None or len(train) == 0:
         raise DataError(f"dataset factory {spec} returned no training samples; it must return a non-empty "
                         "Dataset for split 'train'")
-    info = infer_info(train, spec)
+    info = infer_info(train, spec, val)
     return Described(train, info), (Described(val, info) if val is not None else None)
 
 
@@ -79,7 +79,9 @@ class Described(torch.utils.data.Dataset):
         return self.dataset[index]
 
 
-def infer_info(dataset: Any, spec: str) -> DataInfo:
+def infer_info(dataset: Any, spec: str, val: Any = None) -> DataInfo:
+    """What the model is built for, from ``dataset`` (the training split; ``val``: the validation split, whose
+    labels count too where they are read off a TensorDataset)."""
     if isinstance(getattr(dataset, "info", None), DataInfo):
         return dataset.info
     from harness.data.bad_samples import fetch      # harness.data imports this package
@@ -92,7 +94,7 @@ def infer_info(dataset: Any, spec: str) -> DataInfo:
     x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
     classes = getattr(dataset, "classes", None)
     count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)
-    count = labels_in(dataset) if count is None else count
+    count = max(labels_in(dataset) or 0, labels_in(val) or 0) or None if count is None else count
     if _is_regression(y) and not isinstance(count, int):
         count = 1       # float targets: a regression, whose model has one output per target unless it says more
     if not isinstance(count, int) or count < 1 or (count == 1 and not _is_regression(y)):

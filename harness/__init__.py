@@ -7,7 +7,7 @@ from . import checkout
 from .control.errors import PeerFailed
 from .parent import ChildError, ChildFailed, Children, Parent
 
-checkout.install()      # the bare name `datasets` stays the user's (Hugging Face's); see checkout.py
+checkout.install()      # the bare names `datasets` and `models` stay the user's; see checkout.py
 
 __all__ = ["Parent", "Children", "ChildError", "ChildFailed", "Context", "PeerFailed"]
 

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import importlib
 import importlib.util
+import os
 from typing import Any, Callable, Iterable
 
 FIND_IT = "run from the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)"
@@ -40,7 +41,6 @@ def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
 def _no_callable(module: Any, attr: str, signature: str) -> str:
     """Why ``module`` has no callable ``attr``, with the fix: a factory in the running script, another module of
     the same name found before the user's file, or simply a name missing from it."""
-    import os
     name, where = module.__name__, getattr(module, "__file__", None)
     if name == "__main__":
         return (f"'__main__:{attr}' names the running script, which the workers do not run: put {attr} in a "

@@ -177,6 +177,8 @@ def test_what_a_plain_dataset_s_samples_are_is_read_off_them():
     assert infer_info(tensors(torch.zeros(4, 5), labels), "plain") == DataInfo("vector", (5,), 3)   # labels 0..2
     assert infer_info(tensors(torch.zeros(4, 7, 5), labels), "lstm").kind == "sequence"
     assert infer_info(tensors(torch.zeros(4, 2, 3, 8, 8), labels), "video").kind == "tensor"
+    val = tensors(torch.zeros(2, 5), torch.tensor([3, 0]))                      # a label only validation has
+    assert infer_info(tensors(torch.zeros(4, 5), labels), "plain", val).num_classes == 4
     with pytest.raises(ValueError, match=r"its targets are floats \(tensor\(1\.\)\) but it names 2 classes; class labels "
                                          r"are integers \(y\.long\(\), int\(y\)\)"):
         infer_info(user_code.FloatLabels(), "float labels")
@@ -244,7 +246,7 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
              (["--dataset", "tokens", "--data-dir", str(tokens_dir), "--val-fraction", "0.2"],
               f"--val-fraction 0.2 holds part of the training set out for validation, and --dataset tokens validates "
               f"on {tokens_dir}/val.bin instead; drop --val-fraction"),
-             (["--dataset", "tests.helpers.user_code:windows", "--val-fraction", "0"], "validates on the factory's 'val' split"),
+             (["--dataset", "tests.helpers.user_code:windows", "--val-fraction", "0"], "validates on its factory's 'val' split (none where it returns None)"),
              (["--dataset", "imagefolder", "--data-dir", str(images), "--val-fraction", "0.3"], f"on {images}/val/")]
     for flags, message in cases:
         assert message in train_error(*flags, monkeypatch=monkeypatch, capsys=capsys)

@@ -108,6 +108,9 @@ def test_a_fresh_run_in_the_folder_of_an_earlier_one_plots_itself_and_says_it_re
     assert [r["resume"] for r in records if r["event"] == "run"] == [None, None]
     assert curves(records).x_name == "epoch" and curves(records).loss[0] == [1]       # the second run's one epoch
     assert curves(records).lr[1] == [0.001]
+    assert Train.main([*flags, "--epochs", "1", "--cuda-graph"]) == 2           # refused: it leaves no trace
+    assert "holds an earlier run" not in capsys.readouterr().out
+    assert read_metrics(tmp_path / "runs" / "metrics.jsonl") == records
 
 
 def test_target_error_stops_early(tmp_path):
@@ -230,11 +233,25 @@ def test_a_model_that_builds_otherwise_than_its_checkpoint_is_one_line_for_test_
     for workers in ("0", "2"):
         status, _, err = run_test_py(capsys, "--checkpoint", str(save), "--cpu-workers", workers)
         assert status == 2 and err.strip().splitlines() == [
-            f"Test.py: error: {save}: the checkpoint does not fit --model mlp as it builds now: 1.weight is "
-            "[32, 64] there and [48, 64] here (and 2 more); it was trained with other model code or --model-options"]
+            f"Test.py: error: {save}: the checkpoint does not fit --model mlp as it builds now: size mismatch for "
+            "1.weight: copying a param with shape torch.Size([32, 64]) from checkpoint, the shape in current model is "
+            "torch.Size([48, 64]). (and 2 more); it was trained with other model code or --model-options"]
     line = train_error("--resume", str(save), "--max-steps", "10", "--log-dir", str(tmp_path / "again"),
                        monkeypatch=monkeypatch, capsys=capsys)
-    assert line.startswith(f"Train.py: error: --resume {save} does not fit --model mlp as it builds now: 1.weight is")
+    assert line.startswith(f"Train.py: error: --resume {save} does not fit --model mlp as it builds now: size "
+                           "mismatch for 1.weight")
+
+
+def test_a_checkpoint_whose_saved_flags_are_refused_now_still_resumes(tmp_path):
+    """A run saved before a flag's value was refused (a --data-dir that digits does not read, a warm-up as long as
+    the run) resumes: those are the saved run's values, not the user's."""
+    _, trained = run_train(tmp_path, "--max-steps", "10", "--lr-schedule", "cosine", "--warmup-steps", "5")
+    state, older = load_checkpoint(trained), tmp_path / "older.pt"
+    state["config"].update(data_dir=str(tmp_path), warmup_steps=40)
+    torch.save(state, older)
+    run(Train.parse_args(["--resume", str(older), "--max-steps", "20", "--save", str(tmp_path / "resumed.pt"),
+                          "--log-dir", str(tmp_path / "resumed")]))
+    assert load_checkpoint(tmp_path / "resumed.pt")["step"] == 20
 
 
 def test_test_py_from_another_folder_reads_the_data_from_the_trained_run_s_folder(tmp_path, monkeypatch, capsys):

@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -95,21 +96,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 class ModelMismatch(ValueError):
-    """A checkpoint's model state does not fit the model its config builds now (``state_mismatch``)."""
+    """A checkpoint's model state does not fit the model its config builds now (``load_model_state``)."""
 
 
-def state_mismatch(built: dict[str, Any], saved: dict[str, Any]) -> str | None:
-    """Where a checkpoint's model state (``saved``) does not fit a model's (``built``, a state dict or its shapes),
-    in one phrase; None where it fits. A model's code or options that changed since it was trained show here, before
-    ``load_state_dict`` says so in a paragraph."""
-    shape = {k: list(v.shape) for k, v in built.items()}
-    problems = [f"{k} is {list(v.shape)} there and {shape[k]} here" for k, v in saved.items()
-                if k in shape and list(v.shape) != shape[k]]
-    problems += [f"{k} is missing there" for k in shape if k not in saved]
-    problems += [f"{k} is there and not here" for k in saved if k not in shape]
-    if not problems:
-        return None
-    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+def load_model_state(model: torch.nn.Module, saved: dict[str, Any]) -> None:
+    """``model.load_state_dict(saved)``, or ModelMismatch saying in one phrase where the checkpoint does not fit
+    the model as it builds now (its code or options changed since it was trained). On the meta device it loads
+    nothing and checks the same: each module's own loading decides what fits (an extra state may change shape)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # a meta model's "copying ... is a no-op": the point of checking there
+            model.load_state_dict(saved)
+    except RuntimeError as error:
+        details = [line.strip() for line in str(error).splitlines()[1:] if line.strip()] or [str(error).strip()]
+        raise ModelMismatch(details[0] + (f" (and {len(details) - 1} more)" if len(details) > 1 else "")) from None
 
 
 def _check_state(path: Path, state: dict) -> None:

@@ -302,7 +302,7 @@ def check_idle(config: TrainConfig) -> None:
     if cadence and not config.save:
         raise ConfigError(f"{_listed(cadence)} {_verb(cadence)} how often --save writes, and this run saves nothing "
                           f"(--save ''); give --save a path or drop {_them(cadence)}")
-    folder = _given(config, "data_dir")
+    folder = _given(config, "data_dir") if not config.resume else {}     # a resume's may be an older run's
     if folder and config.dataset in FOLDERLESS:
         raise ConfigError(f"{_listed(folder)}: --dataset {config.dataset} reads no folder (it is bundled or "
                           "generated); drop --data-dir, or use a dataset that reads one (imagefolder, tokens, mnist, "
@@ -431,21 +431,23 @@ def _check_model_state(config: TrainConfig, info: Any, saved: dict) -> None:
     """The model as it builds now (on the meta device) fits the checkpoint's state: its code or --model-options may
     have changed since it was trained. A model that cannot be built on the meta device is not checked here (its
     workers' load_state_dict says so)."""
-    from harness.resilience.checkpoint import state_mismatch
+    from harness.resilience.checkpoint import ModelMismatch, load_model_state
     from harness.training.fit import on_meta
     model = on_meta(config, info)
-    differs = state_mismatch(model.state_dict(), saved) if model is not None else None
-    if differs:
-        raise ConfigError(f"--resume {config.resume} does not fit --model {config.model} as it builds now: {differs}; "
-                          "it was trained with other model code or --model-options: restore them to resume it, or "
-                          "train anew without --resume")
+    try:
+        if model is not None:
+            load_model_state(model, saved)
+    except ModelMismatch as e:
+        raise ConfigError(f"--resume {config.resume} does not fit --model {config.model} as it builds now: {e}; it "
+                          "was trained with other model code or --model-options: restore them to resume it, or train "
+                          "anew without --resume") from None
 
 
 def check_warmup(config: TrainConfig) -> None:
     """A warm-up as long as the run (known once the data's size is) never reaches --lr: the run trains at a
-    fraction of the rate it was given."""
+    fraction of the rate it was given. A resume goes on with the schedule it was trained with."""
     total = config.total_updates(config.steps_per_epoch())
-    if config.warmup_steps >= total:
+    if config.warmup_steps >= total and not config.resume:
         raise ConfigError(f"--warmup-steps {config.warmup_steps} is as long as the run or longer ({total} updates): "
                           f"the rate would never reach --lr {config.lr}; warm up for a few percent of the run "
                           f"(e.g. --warmup-steps {max(1, total // 20)}) or train longer")
@@ -546,11 +548,12 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool, Any]:
 def check_held_out(config: TrainConfig) -> None:
     """--val-fraction is refused where the data has a validation split of its own (read on the data's host)."""
     from harness.checkout.datasets import describe_test, holds_out
-    held = _given(config, "val_fraction")
+    held = _given(config, "val_fraction") if not config.resume else {}    # a resume's may be an older run's
     if held and not holds_out(config.dataset, config.data_dir):
+        where = "its factory's 'val' split (none where it returns None)" if ":" in config.dataset else \
+            describe_test(config.dataset, config.data_dir)
         raise ConfigError(f"{_listed(held)} holds part of the training set out for validation, and --dataset "
-                          f"{config.dataset} validates on {describe_test(config.dataset, config.data_dir)} instead; "
-                          "drop --val-fraction")
+                          f"{config.dataset} validates on {where} instead; drop --val-fraction")
 
 
 def check(config: TrainConfig) -> tuple[list[int], TrainConfig]:

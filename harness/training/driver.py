@@ -62,8 +62,8 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     with nodes(config) as agents, hosts_launcher(config, agents) as launcher:
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), contextlib.ExitStack() as group:
-            announce(config)
             config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
+            announce(config)
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
@@ -149,7 +149,7 @@ def own_outputs(config: TrainConfig) -> Iterator[None]:
 def announce(config: TrainConfig) -> None:
     """The log's "run" record, which begins this run's part of a log that earlier runs in the folder wrote to (a
     fresh run's plot draws its own records alone: metrics.curves), and a line where a fresh run will replace an
-    earlier run's checkpoint."""
+    earlier run's checkpoint. Once the checks passed: a run they refuse trains nothing and replaces nothing."""
     with MetricsLog(config.log_dir) as log:
         log.write({"time": time.time(), "event": "run", "resume": config.resume})
     if config.save and not config.resume and Path(config.save).exists():

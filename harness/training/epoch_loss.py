@@ -1,10 +1,11 @@
 """An epoch's training loss and time, as its "epoch" record reports them, over the whole epoch.
 
-The loop's ``epoch()`` is left and entered again within one epoch (a heal restarts it from the donor's
-place), and a run stopped mid-epoch resumes in another process. So the sums are kept here, not in the
-loop's locals, and a checkpoint written mid-epoch carries the group's sums so far (harness/resilience/heal.py's
-``Where.so_far``): the resumed run's lead adds them to its own, and the epoch's all-reduce then counts every
-update of the epoch once, whichever process trained it.
+A run stopped mid-epoch resumes in another process. So the sums are kept here, not in the loop's locals, and
+a checkpoint written mid-epoch carries the group's sums so far (harness/resilience/heal.py's ``Where.so_far``):
+the resumed lead adds them to its own, and the epoch's all-reduce then counts every update of the epoch once,
+whichever process trained it. A heal starts the sums afresh (loop_heal.py): the group may go back to an
+earlier update (a GPU worker's rewind, DiLoCo's anchor), which running sums would count twice, so an epoch
+healed in its course reports the updates from the heal on.
 """
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ class EpochLoss:
     def __init__(self, device: torch.device, carried: tuple[float, int, float] = NOTHING_YET):
         self.loss = torch.tensor(float(carried[0]), dtype=torch.float64, device=device)
         self.updates = int(carried[1])
-        self.started = time.monotonic() - carried[2]
+        self.before, self.started = carried[2], time.monotonic()
+
+    def begin(self) -> None:
+        """The epoch's clock from now (what was carried kept): a worker's start-up is not its epoch's time."""
+        self.started = time.monotonic()
 
     def add(self, loss: torch.Tensor) -> None:
         self.loss += loss.double()
@@ -37,4 +42,4 @@ class EpochLoss:
                                                       device=self.loss.device)])
         comm.all_reduce(totals)
         loss, updates = totals.tolist()
-        return loss, int(updates), time.monotonic() - self.started
+        return loss, int(updates), self.before + time.monotonic() - self.started

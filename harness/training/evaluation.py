@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from harness.data.batch import Batch, call_model, is_pair, samples
-from harness.resilience.checkpoint import ModelMismatch, state_mismatch
+from harness.resilience.checkpoint import ModelMismatch, load_model_state
 from harness.training.config import TrainConfig
 from harness.training.losses import logits_of, make_loss
 
@@ -65,11 +65,11 @@ def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any,
         raise FileNotFoundError(f"dataset {config.dataset} has no test split to evaluate (its factory "
                                 "returned None for 'val')")
     model = make_model(config, data.test.info, device)
-    differs = state_mismatch(model.state_dict(), state["model"])
-    if differs:
-        raise ModelMismatch(f"the checkpoint does not fit --model {config.model} as it builds now: {differs}; it "
-                            "was trained with other model code or --model-options")
-    model.load_state_dict(state["model"])
+    try:
+        load_model_state(model, state["model"])
+    except ModelMismatch as e:
+        raise ModelMismatch(f"the checkpoint does not fit --model {config.model} as it builds now: {e}; it was "
+                            "trained with other model code or --model-options") from None
     return config, data.test, model.eval()
 
 

@@ -103,15 +103,16 @@ def on_cpu(config: TrainConfig, info: DataInfo) -> Any:
 def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.device) -> tuple[Any, Problem | None]:
     """(the model's output, None) where ``batch`` went through ``model`` and the loss on ``device`` (or met an
     operation without a meta kernel: nothing can be said then), else (None, what it raised and where). Autograd
-    records it (a batch of two costs little), so a loss that no trainable parameter reaches is found too."""
+    records it, so a loss that no trainable parameter reaches is found too, and keeps none of its activations
+    (what a backward would need is dropped as it is saved: no backward runs)."""
     if not any(p.requires_grad for p in model.parameters()):
         return None, Problem("none of the model's parameters requires grad; unfreeze some (requires_grad=True)",
                              "gradient")
     moved = tree_map(lambda t: t.to(device), batch)
     stage = "model"
     try:
-        with warnings.catch_warnings():       # said again by training itself, where they belong
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), torch.autograd.graph.saved_tensors_hooks(_dropped, _dropped):
+            warnings.simplefilter("ignore")       # said again by training itself, where they belong
             output = call_model(model, moved)
             stage = "loss"
             loss = make_loss(config.loss)(output, moved)
@@ -128,6 +129,10 @@ def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.devic
         return None, Problem("the loss does not require grad; make it from the model's output without .detach() "
                              "or torch.no_grad()", "gradient")
     return output, None
+
+
+def _dropped(_: Any) -> None:
+    """What autograd keeps for a backward that the check never runs: nothing."""
 
 
 def targets_beyond(logits: Any, batch: Batch) -> str | None:

@@ -237,6 +237,7 @@ class Worker(Saving, Healing):
         """Epoch after epoch until the run's length or a stop; a failed collective heals the group (when
         the run heals in place) and the loop goes on from the donor's place."""
         self.model.train()
+        self.epoch_loss.begin()
         # --mode async: a checkpoint the server asked for as this worker joined (one resumed at its own share, granted
         # nothing, or a dead worker's replacement at a consistent point) is this worker's too, before any update
         if self.asynchronous and self.save_due():
@@ -294,7 +295,7 @@ class Worker(Saving, Healing):
             measured = self.validate()
         if self.lead and ended:
             self.ctx.send({"event": "epoch", "epoch": s.epoch, "step": s.step,
-                           "train_loss": loss / updates if updates else None, "val_error": None, **(measured or {}),
+                           "train_loss": loss / updates if updates else math.nan, "val_error": None, **(measured or {}),
                            "seconds": seconds, "lr": self.lr_at(s.step - 1)})
         if s.stop is not None or self.over() or self.save_due(ended):
             self.save()

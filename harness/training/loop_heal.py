@@ -16,6 +16,7 @@ from harness.control.errors import PeerFailed
 from harness.resilience.heal import Salvage, Ticket, Where, hand_over, hand_over_anchor, rejoin, rewind
 from harness.resilience.shard_heal import Progress, hand_over_shards
 from harness.training.build import make_optimizer
+from harness.training.epoch_loss import EpochLoss
 
 
 class Healing:
@@ -64,6 +65,7 @@ class Healing:
         self.attach(start=True)
         epoch, step, position = self.sync.predecessor
         self.state.go_to(Where(epoch, step, position, math.inf, 0), self.batches.steps_per_epoch)
+        self.epoch_loss = EpochLoss(self.device)
         self.stream = None
         self.reseed(self.state.epoch, self.state.step)
 
@@ -89,6 +91,7 @@ class Healing:
         if self.scaler is not None:
             self.scaler.share(self.comm, summary["donor"])
         self.state.go_to(place, self.batches.steps_per_epoch)
+        self.epoch_loss = EpochLoss(self.device)        # from the place healed to (epoch_loss.py says why)
         self.attach(start=False)
         if held is not None:
             self.sync.load_state_dict({"params": self.flat.params, **held, "pending": []})
