@@ -71,7 +71,7 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
     wait_for_record(process, tmp_path, after_restarts(1, "saved"))
     hung = workers_of(process)[0]
     os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 3 s: killed, then restarted
-    status, err, left, _ = finish(process, tmp_path)
+    status, err, left, out = finish(process, tmp_path)
     kill_quietly(hung, signal.SIGCONT)
 
     assert status == 0, err
@@ -81,6 +81,12 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
     assert restarts[0]["cause"] == "was killed by signal SIGKILL"
     assert restarts[1]["cause"].startswith("stopped responding")
     assert all(r["resume"] == str(tmp_path / "model.pt") for r in restarts)
+    restarted = [(r, records.index(r)) for r in records if r["event"] == "restarted"]
+    assert [r["restart"] for r, _ in restarted] == [1, 2] and all(r["seconds"] > 0 for r, _ in restarted)
+    for (r, at), restart in zip(restarted, restarts):         # each group's first update after its restart
+        first = [f for f in records[records.index(restart):at] if f["event"] == "first_step"]
+        assert [f["step"] for f in first] == [r["step"]]
+    assert f"training again {restarted[0][0]['seconds']:.1f} s after restart 1, at update" in out + err
     assert left == [] and left_in_tmp(tmp_path) == []
 
     assert load_checkpoint(tmp_path / "model.pt")["step"] == 60

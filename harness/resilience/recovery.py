@@ -17,7 +17,8 @@
   (``ChildFailed``, the group stopped), calls it again with ``resume`` the last checkpoint this run
   wrote. A resume is exact (harness/training/loop.py), so what is lost is the
   updates since that checkpoint: save often (``--save-every-steps``; harness/resilience/saver.py writes in the
-  background) and little is. Not once the run has been asked to stop (SIGINT, SIGTERM): a new group would only be
+  background) and little is. The new group's first update ends the restart (``restarted``: the log's
+  "restarted" record, with the seconds from the "restart" record to training again). Not once the run has been asked to stop (SIGINT, SIGTERM): a new group would only be
   stopped again, or die of the signal forwarded before its handlers are in, so the failure ends the run as a stop
   (``Interrupted``) at the last checkpoint.
 
@@ -78,6 +79,7 @@ class Recovery:
         self.used = used
         self._resume, self._last_saved, self._report, self._stopping = resume, last_saved, report, stopping
         self._healing: tuple[ChildFailed, float] | None = None     # the failure being healed, and when
+        self._restarting: float | None = None      # when the group was last restarted, until its first update
         self._unhealed: str | None = None       # why the last failure was not healed in place
 
     def run(self, attempt: Callable[[str | None], T]) -> T:
@@ -99,7 +101,7 @@ class Recovery:
                 resume = self._last_saved() or self._resume
                 self._report({**restart_record(failure, self.used, self.limit, resume),
                               **({"not_healed": self._unhealed} if self._unhealed else {})})
-                self._unhealed = None
+                self._unhealed, self._restarting = None, time.monotonic()
 
     def heal(self, kids: Children, failure: ChildFailed, unhealable: str | None = None) -> None:
         """Replace the failed rank and let the survivors heal it; raises ``failure`` (the group
@@ -127,6 +129,15 @@ class Recovery:
             for record in kids.salvage(failure.rank, lambda sent: sent.get("event") in ("saved", "not_saved")):
                 self._report(record)
             raise
+
+    def restarted(self, first_step: dict) -> dict | None:
+        """The log's "restarted" record where ``first_step`` (a group's "first_step" record) is the first update of
+        a group that replaced a failed one; None for the run's first group."""
+        if self._restarting is None:
+            return None
+        since, self._restarting = self._restarting, None
+        return {"event": "restarted", "restart": self.used, "max_restarts": self.limit, "step": first_step["step"],
+                "seconds": time.monotonic() - since}
 
     def healed(self, record: dict) -> dict:
         """The workers' "healed" report as the log's "recovered" record."""

@@ -309,6 +309,9 @@ def run_group(config: TrainConfig, kids: Children, marks: dict, interrupts: Inte
             progress.handle(record)
             if record["event"] == "first_step":
                 timeline.mark(marks, "first_step")
+                restarted = recovery.restarted(record)
+                if restarted is not None:
+                    progress.handle(restarted)
             if record["event"] == "done":
                 break
         return kids.wait()

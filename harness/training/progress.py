@@ -76,7 +76,7 @@ class Progress:
                            "which the run resumes from when it is started again")
         elif event == "not_saved":
             tqdm.write(f"a host was lost: nothing saved since the last checkpoint ({record['why']})")
-        elif event in ("recovered", "restart"):
+        elif event in ("recovered", "restart", "restarted"):
             tqdm.write(describe_recovery(record))
         elif event == "done" and record["stop"] and not record.get("signal"):    # Train.py says where it stopped
             tqdm.write(f"Stopped early after epoch {record['epoch']}: {record['stop']}")
@@ -94,7 +94,9 @@ def validation_words(record: dict) -> str:
 
 
 def describe_recovery(record: dict) -> str:
-    """The console line of a "recovered" (healed in place) or "restart" record."""
+    """The console line of a "recovered" (healed in place), "restart" or "restarted" record."""
+    if record["event"] == "restarted":
+        return f"training again {record['seconds']:.1f} s after restart {record['restart']}, at update {record['step']}"
     if record["event"] == "recovered":
         return (f"rank {record['rank']} ({record['cause']}) recovered in {record['seconds']:.1f} s, redoing "
                 f"step {record['redo_step']}" + (" (every worker back to the anchor of its last sync)"
