@@ -94,7 +94,7 @@ def infer_info(dataset: Any, spec: str, val: Any = None) -> DataInfo:
     x = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x
     classes = getattr(dataset, "classes", None)
     count = len(classes) if classes is not None else getattr(dataset, "num_classes", None)
-    count = max(labels_in(dataset) or 0, labels_in(val) or 0) or None if count is None else count
+    count = labels_in(dataset, val) if count is None else count
     if _is_regression(y) and not isinstance(count, int):
         count = 1       # float targets: a regression, whose model has one output per target unless it says more
     if not isinstance(count, int) or count < 1 or (count == 1 and not _is_regression(y)):
@@ -108,13 +108,13 @@ def infer_info(dataset: Any, spec: str, val: Any = None) -> DataInfo:
     return DataInfo(kind_of(x), tuple(x.shape), count, names)
 
 
-def labels_in(dataset: Any) -> int | None:
-    """The classes a TensorDataset's integer labels count (their largest plus one), read off its label tensor at no
-    cost; None for any other dataset, which would have to be read whole."""
-    if isinstance(dataset, torch.utils.data.TensorDataset) and len(dataset.tensors) == 2 and len(dataset) \
-            and not dataset.tensors[1].is_floating_point():
-        return int(dataset.tensors[1].max()) + 1
-    return None
+def labels_in(*splits: Any) -> int | None:
+    """The classes the integer labels of TensorDataset ``splits`` count (their largest plus one), read off their
+    label tensors at no cost; None where none is such a dataset (any other would have to be read whole)."""
+    counts = [int(split.tensors[1].max()) + 1 for split in splits
+              if isinstance(split, torch.utils.data.TensorDataset) and len(split.tensors) == 2 and len(split)
+              and not split.tensors[1].is_floating_point()]
+    return max(counts, default=None)
 
 
 def kind_of(x: torch.Tensor) -> str:

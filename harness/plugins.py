@@ -18,7 +18,6 @@ def find_in_working_folder() -> None:
     and never shadows an installed package. The workers are handed this path (harness/control/spawn.py). The
     commands do it, not their ``main``: a process that calls ``main`` from folder after folder (a test session)
     would grow its path at each, and every new path is a new zygote (harness/launch/zygote.py: AT_IMPORT)."""
-    import os
     import sys
     here = os.getcwd()
     if here not in [os.path.abspath(p or ".") for p in sys.path]:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from harness import checkout
+
 from . import session, zygote
 from .remote import RemoteChild
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 LAUNCHERS = ("local", "ssh", "slurm")
 # The parent's own variables a remote child also gets (beside those the parent sets for it).
 FORWARDED = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "OMP_", "MKL_", "PYTHON", "HARNESS_")
-ROOT = str(Path(__file__).resolve().parents[2])      # the checkout: harness/ and models/ live here
+ROOT = str(checkout.ROOT)      # the checkout, which holds harness/ and models/: a remote session's PYTHONPATH
 
 
 @dataclass(frozen=True)

@@ -302,7 +302,7 @@ def check_idle(config: TrainConfig) -> None:
     if cadence and not config.save:
         raise ConfigError(f"{_listed(cadence)} {_verb(cadence)} how often --save writes, and this run saves nothing "
                           f"(--save ''); give --save a path or drop {_them(cadence)}")
-    folder = _given(config, "data_dir") if not config.resume else {}     # a resume's may be an older run's
+    folder = _given_here(config, "data_dir")
     if folder and config.dataset in FOLDERLESS:
         raise ConfigError(f"{_listed(folder)}: --dataset {config.dataset} reads no folder (it is bundled or "
                           "generated); drop --data-dir, or use a dataset that reads one (imagefolder, tokens, mnist, "
@@ -330,6 +330,12 @@ def check_gpu_flags(config: TrainConfig, gpus: list[int]) -> None:
 def _given(config: TrainConfig, *names: str) -> dict[str, Any]:
     """Those of ``names`` whose value is not the default: set by the user."""
     return {name: getattr(config, name) for name in names if getattr(config, name) != getattr(TrainConfig, name)}
+
+
+def _given_here(config: TrainConfig, *names: str) -> dict[str, Any]:
+    """``_given`` for a check that came after checkpoints were written: none on a resume, whose values may be an
+    older run's that the check did not refuse then (the user cannot set them back)."""
+    return {} if config.resume else _given(config, *names)
 
 
 def _listed(given: dict[str, Any]) -> str:
@@ -548,7 +554,7 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool, Any]:
 def check_held_out(config: TrainConfig) -> None:
     """--val-fraction is refused where the data has a validation split of its own (read on the data's host)."""
     from harness.checkout.datasets import describe_test, holds_out
-    held = _given(config, "val_fraction") if not config.resume else {}    # a resume's may be an older run's
+    held = _given_here(config, "val_fraction")
     if held and not holds_out(config.dataset, config.data_dir):
         where = "its factory's 'val' split (none where it returns None)" if ":" in config.dataset else \
             describe_test(config.dataset, config.data_dir)

@@ -63,7 +63,6 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         gpus, config = plan_workers(config, launcher)
         with own_outputs(config), contextlib.ExitStack() as group:
             config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
-            announce(config)
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
@@ -146,12 +145,12 @@ def own_outputs(config: TrainConfig) -> Iterator[None]:
         raise ConfigError(str(e)) from None
 
 
-def announce(config: TrainConfig) -> None:
+def announce(config: TrainConfig, log: MetricsLog) -> None:
     """The log's "run" record, which begins this run's part of a log that earlier runs in the folder wrote to (a
     fresh run's plot draws its own records alone: metrics.curves), and a line where a fresh run will replace an
-    earlier run's checkpoint. Once the checks passed: a run they refuse trains nothing and replaces nothing."""
-    with MetricsLog(config.log_dir) as log:
-        log.write({"time": time.time(), "event": "run", "resume": config.resume})
+    earlier run's checkpoint. Once the checks passed (``train``): a run they refuse trains nothing and replaces
+    nothing."""
+    log.write({"time": time.time(), "event": "run", "resume": config.resume})
     if config.save and not config.resume and Path(config.save).exists():
         print(f"{config.save} holds an earlier run: this run replaces it when it first saves (--resume "
               f"{config.save} would continue it; --save another path keeps it)")
@@ -221,6 +220,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.steps_per_epoch()
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
+    announce(config, log)
     start = launcher.cluster if launcher is not None and launcher.cluster else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (resumes(config) if start.restart_count else ""))
