@@ -272,6 +272,17 @@ def test_a_model_and_loss_that_would_train_nothing_or_fail_in_the_workers_are_re
     assert message in train_error(*flags, "--save", "", monkeypatch=monkeypatch, capsys=capsys)
 
 
+@pytest.mark.parametrize("flags", [["--lr", "-1"], ["--model", "tests.helpers.user_code:not_a_module"]],
+                         ids=["by-the-parent", "by-rank-0"])
+def test_a_refused_run_leaves_no_folder_behind(flags, tmp_path, monkeypatch, capsys):
+    """The checkpoint's folder is probed (by the parent and by rank 0) and the lock taken only once the checks
+    passed, so neither the folders nor the lock files stay where a refused run pointed."""
+    out = tmp_path / "out"
+    train_error(*flags, "--save", str(out / "checkpoints" / "model.pt"), "--log-dir", str(out / "runs"),
+                monkeypatch=monkeypatch, capsys=capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.md").write_text("x")
     line = train_error("--log-dir", str(tmp_path / "notes.md"), monkeypatch=monkeypatch, capsys=capsys)

@@ -56,8 +56,7 @@ def hold(files: dict[str, str | None], folders: dict[str, str | None]) -> Iterat
 
 @contextlib.contextmanager
 def _locked(flag: str, path: Path, output: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_creating(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -68,6 +67,18 @@ def _locked(flag: str, path: Path, output: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)        # closing drops the lock
+
+
+def _open_creating(path: Path, tries: int = 3) -> int:
+    """The lock file opened, made with its folders where missing. Another run's probe (``check_writable``) may
+    remove a folder it made between our mkdir and open: then we make it again."""
+    for attempt in range(tries):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
 
 
 def _holder(fd: int) -> str:
@@ -97,11 +108,14 @@ def check_writable(path: str | os.PathLike) -> None:
     """Fail before training starts if a checkpoint could not be saved at path (a file path).
 
     Creates the directory if needed and writes a probe file, because permission bits lie (root ignores
-    them) and only an actual write proves the directory accepts files.
+    them) and only an actual write proves the directory accepts files. The folders it made are removed
+    again: a run that its checks then refuse leaves nothing behind (its lock, taken once they passed, makes
+    them for good).
     """
     path = Path(path)
     if path.is_dir():
         raise NotWritable(f"checkpoint path {path} is a directory; give a file path inside it")
+    made = [folder for folder in path.parents if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
@@ -112,3 +126,7 @@ def check_writable(path: str | os.PathLike) -> None:
             f"checkpoint directory {path.parent} cannot be created or written ({error}); "
             "choose a writable location"
         ) from error
+    finally:
+        for folder in made:         # innermost first; one that another process filled meanwhile stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -61,8 +61,10 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     config.check_types()
     with nodes(config) as agents, hosts_launcher(config, agents) as launcher:
         gpus, config = plan_workers(config, launcher)
-        with own_outputs(config), contextlib.ExitStack() as group:
+        check_outputs(config)
+        with contextlib.ExitStack() as outputs, contextlib.ExitStack() as group:
             config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
+            outputs.enter_context(own_outputs(config))      # once checked: a refused run makes no folder
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
@@ -136,8 +138,8 @@ def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
 
 @contextlib.contextmanager
 def own_outputs(config: TrainConfig) -> Iterator[None]:
-    """This run's lock on its checkpoint and log folder (harness/resilience/lock.py), for its whole life."""
-    check_outputs(config)
+    """This run's lock on its checkpoint and log folder (harness/resilience/lock.py), for its whole life: held
+    until its last group has stopped."""
     try:
         with hold({"--save": config.save}, {"--log-dir": config.log_dir}):
             yield
