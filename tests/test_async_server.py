@@ -689,7 +689,7 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
     """Every worker stops after its grant (K each at S = 0), parks, and rank 0 saves the server's anchor,
     momentum, version and budget spent with every rank's own state, int8 exchanges' rounding error that each
     worker carries into its next push among it (fp32 runs stop and resume so in the tests below)."""
-    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "600", "--outer-dtype", "int8"]
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "240", "--outer-dtype", "int8"]
     step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
     saved = load_checkpoint(checkpoint)
     assert step % 8 == 0 and saved["ranks"][0]["server"]["version"] == step // 8
@@ -708,7 +708,7 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
 def test_uneven_workers_stopped_by_sigterm_resume_each_from_its_own_update_and_spend_the_rest_of_the_budget(tmp_path):
     """At S = 1 the workers have run different numbers of updates when the stop comes: the checkpoint keeps
     each one's place and the budget spent, and the resumed run ends when the rest of it is spent."""
-    flags = ["--mode", "async", "--max-staleness", "1", *SERVED[:1], "4", *SERVED[2:], *SLOWED, "--max-steps", "1000"]
+    flags = ["--mode", "async", "--max-staleness", "1", *SERVED[:1], "4", *SERVED[2:], *SLOWED, "--max-steps", "400"]
     process = start_train(tmp_path, *flags)
     os.kill(process.pid, signal.SIGTERM)
     status, err, _, _ = finish(process, tmp_path)
@@ -721,7 +721,7 @@ def test_uneven_workers_stopped_by_sigterm_resume_each_from_its_own_update_and_s
     results, _ = run_train(tmp_path, *flags, "--resume", str(tmp_path / "model.pt"), name="resumed")
     after = ran_by_rank([r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if r["event"] == "outer_sync"])
     assert [r["step"] for r in results] == [places[0] + sum(after[0]), places[1] + sum(after[1])]
-    assert sum(places) + sum(after[0]) + sum(after[1]) == 2 * 1000
+    assert sum(places) + sum(after[0]) + sum(after[1]) == 2 * 400
     # a shorter run that the fast worker alone has already passed still has budget left: resumed, it spends it
     shorter = [*flags[:-1], str(places[0]), "--resume", str(tmp_path / "model.pt")]
     results, _ = run_train(tmp_path, *shorter, name="shorter")
@@ -832,7 +832,6 @@ def test_the_parent_imports_its_server_beside_rank_0_s_checks_not_after_them(tmp
     monkeypatch.setattr(driver, "import_meanwhile",
                         lambda modules, name: order.append(modules) or start_import(modules, name))
     monkeypatch.setattr(driver, "checked_by", lambda kids, config: order.append("checks") or check(kids, config))
-    monkeypatch.setattr(driver, "plot_metrics", lambda records, path: None)
-    assert Train.main(["--mode", "async", "--max-steps", "4", "--save", str(tmp_path / "m.pt"),
+    assert Train.main(["--no-plot", "--mode", "async", "--max-steps", "4", "--save", str(tmp_path / "m.pt"),
                        "--log-dir", str(tmp_path)]) == 0
     assert order == [driver.SERVER_IMPORTS, "checks"]

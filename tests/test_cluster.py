@@ -15,7 +15,7 @@ from harness.training.checks import resolve
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.driver import resumes
 from harness.training.metrics import read_metrics
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TRAIN_PY
 from tests.helpers.engines import RECORDED
 from tests.helpers.runs import finish, start_train, workers_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
@@ -106,7 +106,7 @@ def test_workers_dead_past_the_restart_budget_exit_with_a_status_the_engine_retr
 def torchrun(tmp_path, per_node: int) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
-         str(per_node), str(ROOT / "Train.py"), "--max-steps", "5", "--save", str(tmp_path / "model.pt"),
+         str(per_node), *TRAIN_PY, "--max-steps", "5", "--save", str(tmp_path / "model.pt"),
          "--log-dir", str(tmp_path / "logs")],
         cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
 

@@ -21,7 +21,7 @@ from harness.control import wire
 from harness.control.link import Link
 from harness.resilience.interrupt import Interrupted, Interrupts
 from harness.resilience.checkpoint import load_checkpoint
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TRAIN_PY
 from tests.helpers.runs import finish, interrupt, interrupted, left_in_tmp, start_train, wait_for_stderr
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
 from tests.helpers.training import flat_params, run_train
@@ -136,7 +136,7 @@ def test_a_signal_in_the_last_round_of_an_async_run_that_spends_its_budget_all_t
     flags = ["--mode", "async", "--max-staleness", "0", "--avg-every", "4", "--max-steps", "8", "--cpu-workers", "2",
              "--model", SLOW_MODEL, "--model-options", '{"delay": 0.05, "term_at": 6}', "--batch-size", "8",
              "--save", str(save), "--log-dir", str(tmp_path / "logs")]
-    done = subprocess.run([sys.executable, str(ROOT / "Train.py"), *flags], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, *TRAIN_PY, *flags], cwd=tmp_path, capture_output=True,
                           text=True, timeout=240, start_new_session=True)
     assert done.returncode == 0, done.stderr
     assert "SIGTERM came as the run ended: it trained its 16 updates by 2 workers together" in done.stdout

@@ -19,12 +19,13 @@ from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import kill_session
 from tests.helpers.runs import finish, start_train, wait_for_record, workers_of
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
-from tests.helpers.training import ROOT, run_train, train_error
+from tests.helpers import TRAIN_PY
+from tests.helpers.training import run_train, train_error
 
 
 def test_two_runs_started_together_on_one_output_one_trains_the_other_is_refused(tmp_path):
     common = ["--epochs", "2", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
-    runs = [subprocess.Popen([sys.executable, str(ROOT / "Train.py"), *common], cwd=tmp_path, text=True,
+    runs = [subprocess.Popen([sys.executable, *TRAIN_PY, *common], cwd=tmp_path, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outcomes = [(run.pid, *run.communicate(timeout=240)) for run in runs]
     codes = sorted(run.returncode for run in runs)

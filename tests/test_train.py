@@ -27,7 +27,8 @@ def test_train_then_test_end_to_end_from_another_directory_beside_a_huggingface_
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
-    trained = cli("Train.py", "--epochs", "6", "--save", str(save), "--log-dir", str(logs), env=env, cwd=elsewhere)
+    trained = cli("Train.py", "--plot", "--epochs", "6", "--save", str(save), "--log-dir", str(logs), env=env,
+                  cwd=elsewhere)
     assert trained.returncode == 0, trained.stderr
     assert "Epoch 6/6: average loss per sample" in trained.stdout + trained.stderr
     records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]

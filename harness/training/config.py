@@ -130,6 +130,7 @@ class TrainConfig:
     resume: str | None = None           # checkpoint to continue from, exactly
     # -- logging
     log_dir: str = "runs"               # metrics.jsonl and metrics.png
+    plot: bool = True                   # draw metrics.png at the end (a second of CPU: matplotlib)
     tensorboard: bool = False           # also TensorBoard scalars in log_dir
     profile: str | None = None          # a folder for a torch.profiler record of a few updates (rank 0)
     profile_from: int = 20              # --profile: updates left out first (compilation, graph capture)

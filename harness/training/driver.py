@@ -68,7 +68,8 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
-            import_plotting_meanwhile()
+            if config.plot:
+                import_plotting_meanwhile()
             results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher, restarts=restarts)
         if agents is not None:        # the other nodes end as this one does
             agents.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
@@ -249,7 +250,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     finally:
         progress.close()
         log.close()
-    plot = plot_metrics(read_metrics(log.path), Path(config.log_dir) / "metrics.png")
+    plot = plot_metrics(read_metrics(log.path), Path(config.log_dir) / "metrics.png") if config.plot else None
     print(f"log: {log.path}" + (f", plot: {plot}" if plot else "")
           + (f", checkpoint: {progress.saved}" if progress.saved else ""))     # this run's, not an earlier one's
     if results[0]["diverged"]:

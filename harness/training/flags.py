@@ -186,6 +186,9 @@ def _checkpoints(a: Callable[..., Any]) -> None:
 
 def _logging(a: Callable[..., Any]) -> None:
     a("--log-dir", help="metrics.jsonl and metrics.png go here (default runs/)")
+    a("--plot", action=argparse.BooleanOptionalAction,
+      help="draw the log as metrics.png at the end (default on; --no-plot saves the second of CPU matplotlib "
+           "takes, for sweeps and scripted runs: the log has every record the plot draws)")
     a("--tensorboard", action="store_true",
       help="also write the log's records as TensorBoard scalars (event files in --log-dir; needs the "
            "tensorboard package: pip install -e '.[tensorboard]')")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from harness.launch.cluster import ClusterStart
-from tests.helpers import ROOT
+from tests.helpers import TRAIN_PY
 from tests.helpers.netns_hosts import Hosts
 
 # What each engine sets for the process it starts, as its source sets it (trimmed to what matters):
@@ -80,7 +80,7 @@ class Torchrun:
             command = ["ip", "netns", "exec", hosts.namespaces[i], sys.executable, "-m", "torch.distributed.run",
                        "--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                        endpoint, "--rdzv-id", "harness-test", "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", hosts.addresses[i], "--max-restarts",
-                       str(max_restarts), "--monitor-interval", "0.5", str(ROOT / "Train.py"), *flags]
+                       str(max_restarts), "--monitor-interval", "0.5", *TRAIN_PY, *flags]
             with open(directory / f"node{i}.out", "w") as out, open(directory / f"node{i}.err", "w") as err:
                 self.processes.append(subprocess.Popen(command, env=env, cwd=directory, stdout=out, stderr=err,
                                                        start_new_session=True))
@@ -119,7 +119,7 @@ def mpirun(hosts: Hosts, directory: Path, *flags: str, nodes: int = 2) -> subpro
     command = ["mpirun", "--allow-run-as-root", "-np", str(nodes), "--map-by", "node", "--host",
                ",".join(hosts.addresses[:nodes]), "--mca", "plm_rsh_agent", hosts.ssh, "--mca", "oob_tcp_if_include",
                f"{hosts.subnet}.0/24", "-x", f"MASTER_ADDR={hosts.addresses[0]}", "-x", f"HARNESS_KEY_FILE={key}",
-               "-x", "PYTHONUNBUFFERED=1", sys.executable, str(ROOT / "Train.py"), *flags]
+               "-x", "PYTHONUNBUFFERED=1", sys.executable, *TRAIN_PY, *flags]
     return subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=180)
 
 
@@ -154,7 +154,7 @@ class PyTorchJob:
             hosts.write(f"{self.hosts.addresses[0]} {self.master}\n")
 
     def start(self, pod: int) -> None:
-        command = ["ip", "netns", "exec", self.hosts.namespaces[pod], sys.executable, str(ROOT / "Train.py"),
+        command = ["ip", "netns", "exec", self.hosts.namespaces[pod], sys.executable, *TRAIN_PY,
                    *self.flags]
         with open(self.dir / f"pod{pod}.out", "a") as out, open(self.dir / f"pod{pod}.err", "a") as err:
             self.processes[pod] = subprocess.Popen(command, env={**self.env, "RANK": str(pod)}, cwd=self.dir,
@@ -208,7 +208,7 @@ class Job:
     def __init__(self, slurm: dict[str, str], directory, *flags: str, per_node: int = 2, nodes: int = 3,
                  step: bool = False, requeue: bool = False, env: dict[str, str] | None = None):
         self.env, self.output = {**os.environ, **slurm, **(env or {})}, directory / "slurm.out"
-        train = [sys.executable, str(ROOT / "Train.py"), *([] if step else ["--launcher", "slurm"]), *flags]
+        train = [sys.executable, *TRAIN_PY, *([] if step else ["--launcher", "slurm"]), *flags]
         command = shlex.join((["srun", f"--ntasks-per-node={per_node}"] if step else []) + train)   # --wrap's shell
         self.id = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
                                   *(["--requeue"] if requeue else []), "--open-mode=append",

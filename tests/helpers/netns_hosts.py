@@ -124,7 +124,7 @@ class Hosts:
         all): munged and slurmctld here, on the bridge's address, each slurmd in its namespace (nsenter
         changes the network namespace only; ``ip netns exec`` would remount /sys, and slurmd needs its
         cgroup hierarchy). A requeued job runs again once its launch credential expires and the scheduler
-        next looks (``cred_expire``: 120 s by default, 10 here; ``sched_interval``: 60 s, here 1).
+        next looks (``cred_expire``: 120 s by default, 5 here; ``sched_interval``: 60 s, here 1).
         Returns the environment for salloc and srun."""
         d = self.dir / "slurm"
         (d / "state").mkdir(parents=True)
@@ -139,7 +139,7 @@ class Hosts:
         config.write_text(
             f"ClusterName=harness\nSlurmctldHost={socket.gethostname()}({self.parent_address})\n"
             f"SlurmctldPort={port}\nSlurmdPort={port + 1}\nSlurmUser=root\nSlurmdUser=root\n"
-            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d / 'munge.sock'},cred_expire=10\n"
+            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d / 'munge.sock'},cred_expire=5\n"
             f"StateSaveLocation={d / 'state'}\nSlurmdSpoolDir={d}/spool-%n\n"
             f"SlurmctldPidFile={d / 'slurmctld.pid'}\nSlurmdPidFile={d}/slurmd-%n.pid\n"
             f"SlurmctldLogFile={d / 'slurmctld.log'}\nSlurmdLogFile={d}/slurmd-%n.log\n"

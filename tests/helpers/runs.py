@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import TRAIN_PY
 from tests.helpers.processes import descendants, harness_children_below, kill_session, wait_gone
 
 WAIT = 120.0        # seconds a test waits for a record or a line before it fails
@@ -30,7 +30,7 @@ def start_train(tmp_path: Path, *flags: str) -> subprocess.Popen:
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, str(ROOT / "Train.py"), "--save", str(tmp_path / "model.pt"),
+    process = subprocess.Popen([sys.executable, *TRAIN_PY, "--save", str(tmp_path / "model.pt"),
                                 "--log-dir", str(tmp_path / "logs"), *flags], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     STARTED.append(process)

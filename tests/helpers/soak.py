@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import ROOT
+from tests.helpers import TRAIN_PY
 from tests.helpers.processes import in_session, kill_quietly, kill_session
 from tests.helpers.slow_model import SPEC as SLOW_MODEL
 
@@ -54,7 +54,7 @@ def flags(work: Path, name: str, job: list[str], steps: int, kills: int, save_ev
 
 
 def start(work: Path, args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "Train.py"), *args], cwd=work, stdout=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, *TRAIN_PY, *args], cwd=work, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

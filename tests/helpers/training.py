@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -18,24 +17,24 @@ from harness.training import run
 from harness.training.checks import check
 from harness.training.driver import train
 from harness.resilience.checkpoint import load_checkpoint
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TRAIN_PY
 
 
 def run_train(tmp_path: Path, *flags: str, name: str = "run") -> tuple[list[dict], Path]:
     """Train with ``flags``, saving to tmp_path/NAME.pt and logging to tmp_path/NAME; returns (the
-    workers' results, the checkpoint's path). No plot is drawn (a third of a second of CPU a run): the plot
-    is tested in test_metrics.py and by every run of the commands."""
+    workers' results, the checkpoint's path). No plot is drawn (``TRAIN_PY``)."""
     save = tmp_path / f"{name}.pt"
-    gpus, config = check(Train.parse_args(["--save", str(save), "--log-dir", str(tmp_path / name), *flags]))
-    with mock.patch("harness.training.driver.plot_metrics", return_value=None):
-        return train(config, gpus), save
+    gpus, config = check(Train.parse_args([*TRAIN_PY[1:], "--save", str(save), "--log-dir", str(tmp_path / name),
+                                           *flags]))
+    return train(config, gpus), save
 
 
 def cli(script: str, *flags: str, env: dict[str, str] | None = None,
         cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python SCRIPT FLAGS`` (Train.py, Test.py, a script) in a fresh interpreter, its output captured;
-    in ``cwd``, by default the test's own folder (tests/conftest.py)."""
-    return subprocess.run([sys.executable, str(ROOT / script), *flags], capture_output=True, text=True,
+    """``python SCRIPT FLAGS`` (Train.py as ``TRAIN_PY``, Test.py, a script) in a fresh interpreter, its output
+    captured; in ``cwd``, by default the test's own folder (tests/conftest.py)."""
+    command = TRAIN_PY if script == "Train.py" else (str(ROOT / script),)
+    return subprocess.run([sys.executable, *command, *flags], capture_output=True, text=True,
                           timeout=240, cwd=cwd, env={**os.environ, **(env or {})})
 
 
