@@ -98,6 +98,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 class ModelMismatch(ValueError):
     """A checkpoint's model state does not fit the model its config builds now (``load_model_state``)."""
 
+    def sentence(self, what: str, model: str) -> str:
+        """The one line that says so: ``what`` (the checkpoint, ``--resume PATH``) and the --model it was tried on."""
+        return (f"{what} does not fit --model {model} as it builds now: {self}; it was trained with other model "
+                "code or --model-options")
+
 
 def load_model_state(model: torch.nn.Module, saved: dict[str, Any]) -> None:
     """``model.load_state_dict(saved)``, or ModelMismatch saying in one phrase where the checkpoint does not fit

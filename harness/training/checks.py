@@ -444,9 +444,8 @@ def _check_model_state(config: TrainConfig, info: Any, saved: dict) -> None:
         if model is not None:
             load_model_state(model, saved)
     except ModelMismatch as e:
-        raise ConfigError(f"--resume {config.resume} does not fit --model {config.model} as it builds now: {e}; it "
-                          "was trained with other model code or --model-options: restore them to resume it, or train "
-                          "anew without --resume") from None
+        raise ConfigError(f"{e.sentence(f'--resume {config.resume}', config.model)}: restore them to resume it, or "
+                          "train anew without --resume") from None
 
 
 def check_warmup(config: TrainConfig) -> None:

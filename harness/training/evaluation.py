@@ -68,8 +68,7 @@ def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any,
     try:
         load_model_state(model, state["model"])
     except ModelMismatch as e:
-        raise ModelMismatch(f"the checkpoint does not fit --model {config.model} as it builds now: {e}; it was "
-                            "trained with other model code or --model-options") from None
+        raise ModelMismatch(e.sentence("the checkpoint", config.model)) from None
     return config, data.test, model.eval()
 
 
