@@ -14,9 +14,7 @@ from harness import ChildError, ChildFailed
 from harness.checkout.datasets import FOLDERLESS
 from harness.launch.placement import resolve_gpus
 from harness.plugins import find_in_working_folder, unimportable
-from harness.resilience.checkpoint import CheckpointError, ModelMismatch, load_checkpoint
 from harness.training.config import DEFAULT_SAVE, TrainConfig, rebased
-from harness.training.evaluation import report, evaluate_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Test.py: error: --batch-size must be at least 1 (got {args.batch_size}) and --cpu-workers "
               f"at least 0 (got {args.cpu_workers})", file=sys.stderr)
         return 2
+    # torch (3 s of imports) once the flags are good: --help and a mistyped flag answer at once, as Train.py's do
+    from harness.resilience.checkpoint import CheckpointError, ModelMismatch, load_checkpoint
+    from harness.training.evaluation import evaluate_checkpoint, report
     try:
         state = load_checkpoint(args.checkpoint)
         gpus = resolve_gpus(args.gpus)

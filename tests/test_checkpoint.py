@@ -163,11 +163,11 @@ def test_save_rejects_missing_keys_and_unplain_config(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_check_writable_accepts_and_creates_directory(tmp_path):
-    path = tmp_path / "runs" / "a" / "ckpt.pt"
-    check_writable(path)
-    assert path.parent.is_dir()
-    assert os.listdir(path.parent) == []
+def test_check_writable_accepts_a_folder_still_to_make_and_leaves_nothing_behind(tmp_path):
+    (tmp_path / "runs").mkdir()
+    path = tmp_path / "runs" / "a" / "b" / "ckpt.pt"
+    check_writable(path)        # makes runs/a/b to probe it, then removes what it made
+    assert os.listdir(tmp_path) == ["runs"] and os.listdir(tmp_path / "runs") == []
 
 
 def test_check_writable_rejects_directory_under_a_file(tmp_path):

@@ -141,6 +141,22 @@ def test_bad_input_is_one_line_error_before_any_worker(flags, message, tmp_path,
     assert not (tmp_path / "m.pt").exists()
 
 
+def test_test_py_answers_help_and_bad_flags_without_importing_torch():
+    """Test.py imports torch (3 s) only once its flags are good, as Train.py's parent never does."""
+    code = ("import contextlib, io, json, sys, Test\n"
+            "for flags in json.loads(sys.argv[1]):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n"
+            "            status = Test.main(flags)\n"
+            "        except SystemExit as stop:\n"
+            "            status = stop.code\n"
+            "    print(status, 'torch' in sys.modules)")
+    flags = [["--help"], ["--check", "1"], ["--batch-size", "0"]]
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(flags)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.stdout.splitlines() == ["0 False", "2 False", "2 False"], done.stdout + done.stderr
+
+
 def test_the_parent_checks_trains_saves_resumes_and_logs_without_importing_torch(tmp_path):
     """Train.py's parent only supervises: rank 0 checks the data, the model and --loss for it, the workers'
     exchanges (a checkpoint's generators, param mode's parts) pass through it sealed, --resume reads the checkpoint's
