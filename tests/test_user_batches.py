@@ -51,6 +51,29 @@ def test_a_model_that_returns_a_plain_dict_with_its_loss_is_trained_on_that_loss
     check(TrainConfig(model=f"{USER}:dict_output_model", dataset=f"{USER}:dict_tokens", batch_size=2, save=None))
 
 
+def test_a_hugging_face_causal_lm_on_a_token_file_trains_on_the_cross_entropy_of_its_logits(tmp_path):
+    """Given x alone, a Hugging Face model returns .logits and no loss: the default loss is their cross-entropy
+    against the pair's y, as for a model that returns a tensor (it was refused as returning no logits)."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    import torch
+    from harness.checkout.datasets import DataInfo
+    from harness.checkout.models import build_model, loss_fn
+    from harness.training import TrainConfig
+    from harness.training.checks import check
+    from harness.training.losses import default_loss
+    from tests.helpers.data_files import make_token_files
+    make_token_files(tmp_path / "tok", vocab=64)
+    options = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 64}
+    config = TrainConfig(model="hf-causal-lm", model_options=options, dataset="tokens", data_dir=str(tmp_path / "tok"),
+                         dataset_options={"block_size": 8, "vocab_size": 64}, batch_size=2, save=None)
+    check(config)           # rank 0's fit check, in this process: one batch through the model and the loss
+    model = build_model("hf-causal-lm", DataInfo("tokens", (8,), 64), **options)
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    output = model(x)
+    assert output.loss is None
+    assert torch.equal(default_loss(output, (x, y)), loss_fn(output.logits, y))
+
+
 def test_a_dataset_drawn_at_random_is_the_same_on_every_rank_and_each_time_it_is_opened(tmp_path):
     """Rank 0 opens the data for its checks, then again to train: every opening draws from generators seeded by
     --seed and the split, so no rank trains on other samples than its peers (numpy is reseeded in each worker)."""
