@@ -266,6 +266,12 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
      "tests.helpers.batchnorm_model:model normalises over the batch (BatchNorm), which one sample cannot train"),
     (["--model", "tests.helpers.user_code:not_a_module"],
      "--model tests.helpers.user_code:not_a_module: the factory returned a str, not a torch.nn.Module"),
+    (["--dataset", "tests.helpers.user_code:varying_lengths"], "--dataset tests.helpers.user_code:varying_lengths: its "
+     "samples differ in shape, so they do not stack into a batch (stack expects each tensor to be equal size"),
+    (["--dataset", "tests.helpers.user_code:one_hot"], "its targets are floats, and the default loss is cross-entropy "
+     "over class indices: give class indices (.long(); y.argmax(-1) of one-hot rows), or pass --loss"),
+    (["--model", "tests.helpers.user_code:linear", "--dataset", "tests.helpers.user_code:regression"],
+     "or pass --loss package.module:fn for a regression"),
 ])
 def test_a_model_and_loss_that_would_train_nothing_or_fail_in_the_workers_are_refused_in_one_line(
         flags, message, monkeypatch, capsys):

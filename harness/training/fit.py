@@ -58,7 +58,14 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
         options = {**config.dataset_options, "size": 4} if config.dataset == "synthetic" else config.dataset_options
         train = open_data(config.dataset, config.data_dir, seed=config.seed, val_fraction=0.0, **options).train
     # the run's own batch size where it is below SAMPLES: a BatchNorm that a single sample cannot train fails here
-    batch = next(evaluation_batches(train, 0, 1, min(SAMPLES, config.batch_size), torch.device("cpu")))
+    try:
+        batch = next(evaluation_batches(train, 0, 1, min(SAMPLES, config.batch_size), torch.device("cpu")))
+    except RuntimeError as e:       # the default collate stacks the samples: they must share a shape
+        if "stack expects each tensor to be equal size" not in str(e):
+            raise
+        raise ConfigError(f"--dataset {config.dataset}: its samples differ in shape, so they do not stack into a "
+                          f"batch ({str(e).strip().splitlines()[0]}); pad them to one shape, or give the dataset a "
+                          "collate_fn attribute that pads a list of samples into a batch") from None
     model = on_meta(config, info)
     size = sum(p.numel() for p in model.parameters()) if model is not None else 0
     if size > FAST_LIMIT:
@@ -166,8 +173,18 @@ def refusal(config: TrainConfig, kind: str, batch: Batch, problem: Problem) -> C
                            f"{problem.line} (a batch of {_describe(batch)}); the loss is called "
                            "as fn(output, batch) and must return a scalar tensor")
     return ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: {problem.line} (a batch of "
-                       f"{_describe(batch)}); pick a model made for {kind} data, or fix --model-options/"
-                       "--dataset-options to match")
+                       f"{_describe(batch)}); {_advice(config, kind, batch)}")
+
+
+def _advice(config: TrainConfig, kind: str, batch: Batch) -> str:
+    """What to change where the model and the default loss refuse the batch: float targets are not class indices
+    (one-hot rows, or a regression's values), which cross-entropy, the default loss, needs; else the model or the
+    options are not made for this data."""
+    targets = batch[1] if is_pair(batch) else None
+    if config.loss is None and torch.is_tensor(targets) and targets.is_floating_point():
+        return ("its targets are floats, and the default loss is cross-entropy over class indices: give class "
+                "indices (.long(); y.argmax(-1) of one-hot rows), or pass --loss package.module:fn for a regression")
+    return f"pick a model made for {kind} data, or fix --model-options/--dataset-options to match"
 
 
 def _describe(batch: Batch) -> str:

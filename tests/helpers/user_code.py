@@ -257,3 +257,25 @@ class FloatLabels(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         return torch.zeros(3), torch.tensor(float(i % 2 == 0))
+
+
+class OneHot(FloatLabels):
+    """FloatLabels' classes, each label a one-hot row of floats."""
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3), torch.nn.functional.one_hot(torch.tensor(i % 2), 2).float()
+
+
+def one_hot(split: str, data_dir: str | None) -> OneHot:
+    return OneHot()
+
+
+class VaryingLengths(FloatLabels):
+    """Samples of 3 to 4 values, which the default collate cannot stack."""
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3 + i % 2), i % 2
+
+
+def varying_lengths(split: str, data_dir: str | None) -> VaryingLengths:
+    return VaryingLengths()
