@@ -41,9 +41,11 @@ def trained_data_dir(config: dict, checkpoint: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if (args.batch_size is not None and args.batch_size < 1) or args.cpu_workers < 0:
-        print(f"Test.py: error: --batch-size must be at least 1 (got {args.batch_size}) and --cpu-workers "
-              f"at least 0 (got {args.cpu_workers})", file=sys.stderr)
+    wrong = ([f"--batch-size must be at least 1, got {args.batch_size}"] if args.batch_size is not None and
+             args.batch_size < 1 else []) + ([f"--cpu-workers must be at least 0, got {args.cpu_workers}"] if
+                                             args.cpu_workers < 0 else [])
+    if wrong:
+        print(f"Test.py: error: {'; '.join(wrong)}", file=sys.stderr)
         return 2
     # torch (3 s of imports) once the flags are good: --help and a mistyped flag answer at once, as Train.py's do
     from harness.resilience.checkpoint import CheckpointError, ModelMismatch, load_checkpoint

@@ -289,6 +289,20 @@ def test_a_refused_run_leaves_no_folder_behind(flags, tmp_path, monkeypatch, cap
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_save_path_ending_in_a_slash_and_a_data_dir_that_is_a_file_are_refused(tmp_path, monkeypatch, capsys):
+    """``--save ck/`` wrote a file named ck; a token file given as --data-dir was looked for inside itself."""
+    line = train_error("--save", f"{tmp_path / 'ck'}/", "--log-dir", str(tmp_path / "logs"), monkeypatch=monkeypatch,
+                       capsys=capsys)
+    assert line == f"Train.py: error: --save {tmp_path / 'ck'}/ is a folder; give a file path inside it, e.g. " \
+                   f"{tmp_path / 'ck' / 'model.pt'}"
+    (tmp_path / "train.bin").write_bytes(b"\0" * 64)
+    line = train_error("--dataset", "tokens", "--data-dir", str(tmp_path / "train.bin"), "--save", "",
+                       monkeypatch=monkeypatch, capsys=capsys)
+    assert line == (f"Train.py: error: --data-dir {tmp_path / 'train.bin'} is a file; --dataset tokens reads a "
+                    f"folder: give the one that holds its files ({tmp_path})")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin"]
+
+
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.md").write_text("x")
     line = train_error("--log-dir", str(tmp_path / "notes.md"), monkeypatch=monkeypatch, capsys=capsys)

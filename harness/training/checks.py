@@ -208,7 +208,7 @@ def check_outputs(config: TrainConfig) -> None:
     if Path(config.log_dir).exists() and not Path(config.log_dir).is_dir():
         raise ConfigError(f"--log-dir {config.log_dir} is a file, not a folder; give a folder for the log "
                           f"(default {TrainConfig.log_dir})")
-    if config.save and Path(config.save).is_dir():
+    if config.save and (Path(config.save).is_dir() or config.save.endswith(("/", os.sep))):
         raise ConfigError(f"--save {config.save} is a folder; give a file path inside it, e.g. "
                           f"{Path(config.save) / 'model.pt'}")
     _check_writable(config)
@@ -307,6 +307,9 @@ def check_idle(config: TrainConfig) -> None:
         raise ConfigError(f"{_listed(folder)}: --dataset {config.dataset} reads no folder (it is bundled or "
                           "generated); drop --data-dir, or use a dataset that reads one (imagefolder, tokens, mnist, "
                           "cifar10, package.module:factory)")
+    if ":" not in config.dataset and config.data_dir and os.path.isfile(config.data_dir):     # a factory may read a file
+        raise ConfigError(f"--data-dir {config.data_dir} is a file; --dataset {config.dataset} reads a folder: give the "
+                          f"one that holds its files ({os.path.dirname(config.data_dir) or '.'})")
     profiled = _given(config, "profile_from", "profile_updates")
     if profiled and not config.profile:
         raise ConfigError(f"{_listed(profiled)} {_verb(profiled)} what --profile records; add --profile DIR or drop "
