@@ -10,7 +10,9 @@ imported (with torch) at their first call: the parent checks a dataset's name wi
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +92,26 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **option
     """Load the in-memory dataset `name`; options go to its loader (e.g. synthetic's shape, size, tokens)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}")
+    _refuse_unknown(name, DATASETS[name], options)
     return DATASETS[name](data_dir, seed, **options)
+
+
+def _refuse_unknown(name: str, loader: Callable[..., Any], options: dict[str, Any]) -> None:
+    """--dataset-options a built-in dataset does not take, refused naming the ones it does (a typo was the loader's
+    own TypeError, which named a function of ours rather than the flag)."""
+    from .split import DataError
+    real = getattr(importlib.import_module(loader.__module__), loader.__name__)     # behind imported_on_call
+    params = inspect.signature(real).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    taken = [n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL and n not in ("data_dir", "seed",
+                                                                                          "val_fraction")]
+    unknown = [key for key in options if key not in taken]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], taken, n=1)
+        raise DataError(f"--dataset-options: --dataset {name} has no option {unknown[0]!r}"
+                        + (f" (did you mean {near[0]!r}?)" if near else "")
+                        + (f"; its options: {', '.join(taken)}" if taken else "; it takes none"))
 
 
 def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
@@ -105,6 +126,7 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
         return Data(Split(train.x[:cut], train.y[:cut], train.info),
                     Split(train.x[cut:], train.y[cut:], train.info), test)
     if name in STREAMED:
+        _refuse_unknown(name, STREAMED[name], options)
         train, val = STREAMED[name](data_dir, seed=seed, val_fraction=val_fraction, **options)
     elif ":" in name:
         from .custom import open_custom
@@ -123,6 +145,7 @@ def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fracti
     from .split import DataError
     if name == "synthetic":
         from .synthetic import describe_synthetic
+        _refuse_unknown(name, describe_synthetic, options)
         info, size = describe_synthetic(**options)
         return Facts(info, size - int(size * val_fraction), val_fraction > 0, None)
     data = open_data(name, data_dir, seed, val_fraction, **options)

@@ -303,6 +303,18 @@ def test_a_save_path_ending_in_a_slash_and_a_data_dir_that_is_a_file_are_refused
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin"]
 
 
+@pytest.mark.parametrize("dataset, options, message", [
+    ("digits", '{"size": 100}', "--dataset-options: --dataset digits has no option 'size'; it takes none"),
+    ("synthetic", '{"sizes": 64}', "--dataset-options: --dataset synthetic has no option 'sizes' (did you mean "
+     "'size'?); its options: shape, num_classes, size, tokens, seq_len, vocab_size"),
+])
+def test_an_option_a_built_in_dataset_does_not_take_is_named_with_the_ones_it_does(dataset, options, message,
+                                                                                    monkeypatch, capsys):
+    line = train_error("--dataset", dataset, "--dataset-options", options, "--save", "", monkeypatch=monkeypatch,
+                       capsys=capsys)
+    assert line == f"Train.py: error: {message}"
+
+
 def test_a_log_dir_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.md").write_text("x")
     line = train_error("--log-dir", str(tmp_path / "notes.md"), monkeypatch=monkeypatch, capsys=capsys)
