@@ -10,7 +10,7 @@ import torch
 
 import Test
 import Train
-from harness.training import run
+from harness.training import ConfigError, TrainConfig, run
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import curves, read_metrics
 from tests.helpers.training import ROOT, cli, flat_params, run_test_py, run_train, train_error
@@ -84,6 +84,17 @@ def test_resume_continues_exactly(tmp_path):
     run(args)
     assert torch.equal(flat_params(tmp_path / "straight.pt"), flat_params(save))
     assert load_checkpoint(save)["step"] == load_checkpoint(tmp_path / "straight.pt")["step"] == 80
+
+
+def test_a_config_made_in_python_continues_a_saved_run_only_as_resuming_makes_it(tmp_path):
+    """TrainConfig(resume=PATH) would train with its own defaults (lr, batch size, schedule), not the saved run's, as
+    it did silently: it is refused, naming TrainConfig.resuming, which --resume uses."""
+    _, half = run_train(tmp_path, "--max-steps", "3", "--lr", "0.01", "--batch-size", "16", name="half")
+    with pytest.raises(ConfigError, match=r"make it with TrainConfig\.resuming\("):
+        run(TrainConfig(resume=str(half), max_steps=6))
+    resumed = TrainConfig.resuming(str(half), max_steps=6)
+    assert (resumed.lr, resumed.batch_size, resumed.inherited) == (0.01, 16, True)
+    assert "inherited" not in load_checkpoint(half)["config"]
 
 
 def test_an_epoch_resumed_mid_epoch_reports_the_loss_of_all_its_updates(tmp_path):

@@ -128,6 +128,7 @@ class TrainConfig:
     save_every: int = 1                 # save every N epochs, and at the end
     save_every_steps: int = 0           # also save every N updates, mid-epoch too (0: off)
     resume: str | None = None           # checkpoint to continue from, exactly
+    inherited: bool = False             # made by resuming(): the fields it was not given are the saved run's
     # -- logging
     log_dir: str = "runs"               # metrics.jsonl and metrics.png
     plot: bool = True                   # draw metrics.png at the end (a second of CPU: matplotlib)
@@ -159,8 +160,8 @@ class TrainConfig:
         return self.max_steps or self.epochs * steps_per_epoch
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain types, as a checkpoint stores them."""
-        return dataclasses.asdict(self)
+        """Plain types, as a checkpoint stores them (not ``inherited``: a resume of it is made by ``resuming``)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "inherited"}
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> TrainConfig:
@@ -189,7 +190,7 @@ class TrainConfig:
                 f"--{name.replace('_', '-')} {getattr(saved, name)!r}" for name in fixed) + "; drop " + ", ".join(
                 f"--{name.replace('_', '-')}" for name in fixed) + " (or start a new run without --resume)")
         fresh = {name: getattr(cls(), name) for name in DECIDED_AGAIN}
-        return dataclasses.replace(rebased(saved, resume), **{**fresh, "resume": resume, **changes})
+        return dataclasses.replace(rebased(saved, resume), **{**fresh, "resume": resume, **changes, "inherited": True})
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -59,6 +59,10 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     start-up timeline so far."""
     marks = marks if marks is not None else timeline.start("imported")
     config.check_types()
+    if config.resume and not config.inherited:
+        raise ConfigError(f"TrainConfig(resume={config.resume!r}) trains with this config's own fields, not the saved "
+                          f"run's; make it with TrainConfig.resuming({config.resume!r}, **changes) to continue that "
+                          "run with your changes over it, as --resume does")
     with nodes(config) as agents, hosts_launcher(config, agents) as launcher:
         gpus, config = plan_workers(config, launcher)
         check_outputs(config)
