@@ -97,6 +97,22 @@ def test_a_config_made_in_python_continues_a_saved_run_only_as_resuming_makes_it
     assert "inherited" not in load_checkpoint(half)["config"]
 
 
+@pytest.mark.parametrize("classes", [3, 30])
+def test_test_py_says_n_a_for_a_class_without_samples_and_leaves_a_vocabulary_s_classes_to_json(classes, capsys):
+    from harness.training.evaluation import report, summarize
+    confusion = torch.zeros(classes, classes, dtype=torch.long)
+    confusion[0, 0], confusion[1, 1], confusion[1, 0] = 2, 1, 1        # no sample of class 2 and up
+    state = {"config": {"model": "mlp", "dataset": "digits", "data_dir": None}, "epoch": 1, "step": 2}
+    result = summarize(state, {"confusion": confusion, "loss_sum": 4.0, "samples": 4}, [])
+    assert result["per_class_accuracy"] == [1.0, 0.5] + [None] * (classes - 2)
+    report(result, as_json=False)
+    shown = capsys.readouterr().out
+    if classes == 3:
+        assert "per-class accuracy: 0: 1.000, 1: 0.500, 2: n/a" in shown and "confusion matrix" in shown
+    else:
+        assert "per-class accuracy and confusion matrix: 30 classes, in --json" in shown and "0: 1.000" not in shown
+
+
 def test_an_epoch_resumed_mid_epoch_reports_the_loss_of_all_its_updates(tmp_path):
     run_train(tmp_path, "--epochs", "1", name="straight")
     _, stopped = run_train(tmp_path, "--max-steps", "7", name="stopped")

@@ -133,7 +133,8 @@ def summarize(state: dict, score: dict, shown: list[dict]) -> dict:
         per_class, matrix = [], None
     else:
         counted, hits = int(confusion.sum()), int(confusion.diag().sum())
-        per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1)).tolist() if counted else []
+        per_class = [hit / total if total else None        # None: no sample of that class in the split
+                     for hit, total in zip(confusion.diag().tolist(), confusion.sum(1).tolist())] if counted else []
         matrix = confusion.tolist() if counted else None
     return {"accuracy": hits / counted if counted else None, "loss": score["loss_sum"] / max(score["samples"], 1),
             "samples": counted or score["samples"], "per_class_accuracy": per_class, "confusion_matrix": matrix,
@@ -147,6 +148,9 @@ def evaluated(config: dict) -> str:
     return describe_test(config["dataset"], config.get("data_dir"), config.get("val_fraction", 0.0))
 
 
+SHOWN_CLASSES = 20      # more (a language model's vocabulary) are left to --json
+
+
 def report(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result))
@@ -156,10 +160,14 @@ def report(result: dict, as_json: bool) -> None:
     print(f"loss: {result['loss']:.4f}")
     if result["accuracy"] is not None:
         print(f"accuracy: {result['accuracy']:.4f}")
-    if result["per_class_accuracy"]:
-        print("per-class accuracy: " + ", ".join(f"{c}: {a:.3f}" for c, a in enumerate(result["per_class_accuracy"])))
+    per_class = result["per_class_accuracy"]
+    if per_class and len(per_class) <= SHOWN_CLASSES:
+        print("per-class accuracy: " + ", ".join(f"{c}: " + ("n/a" if a is None else f"{a:.3f}")
+                                                 for c, a in enumerate(per_class)))
+    elif per_class:
+        print(f"per-class accuracy and confusion matrix: {len(per_class)} classes, in --json")
     matrix = result["confusion_matrix"]
-    if matrix is not None and len(matrix) <= 20:
+    if matrix is not None and len(matrix) <= SHOWN_CLASSES:
         print("confusion matrix (rows: true class, columns: predicted):")
         for row in matrix:
             print("  " + " ".join(f"{v:4d}" for v in row))
