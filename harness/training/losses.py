@@ -3,8 +3,8 @@
 ``--loss package.module:fn`` names ``fn(output, batch) -> scalar``: a regression, a contrastive or a
 masked-LM loss of the user's own. Without it the model's own loss is used where it returns one (a
 0-d tensor, a ``(logits, loss)`` tuple as nanoGPT's model with targets, an object with ``.loss`` as
-Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits (a tensor, a
-tuple's first, ``.logits``) against the pair's targets.
+Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits (a tensor, or
+``.logits``) against the pair's targets.
 The same rule serves training, validation and Test.py, so they always report the same loss.
 """
 from __future__ import annotations
@@ -46,8 +46,9 @@ def default_loss(output: Any, batch: Batch) -> torch.Tensor:
     own = own_loss(output)
     if own is not None:
         return own
-    logits = logits_of(output)
-    if is_pair(batch) and logits is not None:      # a Hugging Face model given no labels returns .logits alone
+    # a tensor, or .logits: a Hugging Face model given no labels returns them alone (a tuple's parts are ambiguous)
+    logits = None if isinstance(output, (tuple, list)) else logits_of(output)
+    if is_pair(batch) and logits is not None:
         from harness.checkout.models import loss_fn
         return loss_fn(logits, batch[1])
     kind = type(output).__name__
