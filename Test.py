@@ -41,9 +41,11 @@ def trained_data_dir(config: dict, checkpoint: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    wrong = ([f"--batch-size must be at least 1, got {args.batch_size}"] if args.batch_size is not None and
-             args.batch_size < 1 else []) + ([f"--cpu-workers must be at least 0, got {args.cpu_workers}"] if
-                                             args.cpu_workers < 0 else [])
+    wrong = []
+    if args.batch_size is not None and args.batch_size < 1:
+        wrong.append(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.cpu_workers < 0:
+        wrong.append(f"--cpu-workers must be at least 0, got {args.cpu_workers}")
     if wrong:
         print(f"Test.py: error: {'; '.join(wrong)}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, load_checkpoint, save_checkpoint
+from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, load_checkpoint, save_checkpoint, write_atomically
 from harness.resilience.lock import NotWritable, check_writable
 from harness.resilience.saved_config import read_config
 
@@ -161,6 +161,12 @@ def test_save_rejects_missing_keys_and_unplain_config(tmp_path):
     with pytest.raises(CheckpointError, match=r"config\['milestones'\]\[1\] is a PosixPath"):
         save_checkpoint(path, state)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_checkpoint_is_written_into_a_folder_still_to_make(tmp_path):
+    """Rank 0 on another host than the parent's: only the parent's lock made the folder, on its own machine."""
+    write_atomically(tmp_path / "on-this-host" / "model.pt", {"step": 1})
+    assert torch.load(tmp_path / "on-this-host" / "model.pt") == {"step": 1}
 
 
 def test_check_writable_accepts_a_folder_still_to_make_and_leaves_nothing_behind(tmp_path):

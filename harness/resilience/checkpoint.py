@@ -49,6 +49,7 @@ def write_atomically(path: Path, obj: object) -> None:
     second run is refused the path: harness/resilience/lock.py).
     """
     prefix = f".{path.name}."
+    path.parent.mkdir(parents=True, exist_ok=True)      # rank 0 on another host than the parent, whose lock made it
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:

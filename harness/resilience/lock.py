@@ -1,6 +1,7 @@
 """One run per output: a run holds a lock on what it writes (its checkpoint and its log folder) for
-its whole life, so a second run pointed at the same paths is refused at start instead of
-interleaving the log and overwriting the checkpoint.
+its whole life, so a second run pointed at the same paths is refused instead of interleaving the log and
+overwriting the checkpoint: at its start where the first holds the lock already (``refuse_if_held``, which creates
+nothing), else once its checks passed and it takes the lock itself (``hold``).
 
 The lock is ``fcntl.flock`` on a small file beside the output (``.model.pt.lock`` beside
 ``model.pt``, ``.lock`` in the log folder). The kernel drops a flock when its holder's last
@@ -21,11 +22,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 
 PID_WIDTH = 10         # the pid is written at a fixed width in one write, over whatever an earlier holder left
 HOLDER_WAIT = 2.0
+T = TypeVar("T")
 
 
 class InUse(RuntimeError):
@@ -47,38 +49,63 @@ def hold(files: dict[str, str | None], folders: dict[str, str | None]) -> Iterat
     not written). Raises ``InUse`` naming the other run's pid and the flag when one is held by a live
     process."""
     with contextlib.ExitStack() as held:
-        for outputs, folder in ((files, False), (folders, True)):
-            for flag, path in outputs.items():
-                if path:
-                    held.enter_context(_locked(flag, lock_path(Path(path), folder), Path(path)))
+        for flag, path, output in _locks(files, folders):
+            held.enter_context(_locked(flag, path, output))
         yield
+
+
+def refuse_if_held(files: dict[str, str | None], folders: dict[str, str | None]) -> None:
+    """``InUse`` at once where a live run holds one of these locks, creating nothing: a run takes its own (``hold``)
+    only once its checks passed, so that one they refuse leaves no folder, and this refuses the common case (a
+    second run on a live one's outputs) before it starts anything; ``hold`` refuses one that came in between."""
+    for flag, path, output in _locks(files, folders):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            _take(fd, flag, output)
+        finally:
+            os.close(fd)
+
+
+def _locks(files: dict[str, str | None], folders: dict[str, str | None]) -> Iterator[tuple[str, Path, Path]]:
+    """(flag, lock file, output) of each output that is written."""
+    for outputs, folder in ((files, False), (folders, True)):
+        for flag, path in outputs.items():
+            if path:
+                yield flag, lock_path(Path(path), folder), Path(path)
+
+
+def _take(fd: int, flag: str, output: Path) -> None:
+    """flock the open lock file, or ``InUse`` naming its live holder."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise InUse(f"{flag} {output} is in use by another run (pid {_holder(fd)}); wait for it to end or "
+                    f"pass another {flag}") from None
 
 
 @contextlib.contextmanager
 def _locked(flag: str, path: Path, output: Path) -> Iterator[None]:
-    fd = _open_creating(path)
+    fd = _made_in(path.parent, lambda: os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InUse(f"{flag} {output} is in use by another run (pid {_holder(fd)}); wait for it to end or "
-                        f"pass another {flag}") from None
+        _take(fd, flag, output)
         os.pwrite(fd, f"{os.getpid():>{PID_WIDTH}}\n".encode(), 0)
         yield
     finally:
         os.close(fd)        # closing drops the lock
 
 
-def _open_creating(path: Path, tries: int = 3) -> int:
-    """The lock file opened, made with its folders where missing. Another run's probe (``check_writable``) may
-    remove a folder it made between our mkdir and open: then we make it again."""
-    for attempt in range(tries):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            if attempt == tries - 1:
-                raise
+def _made_in(folder: Path, make: Callable[[], T], tries: int = 3) -> T:
+    """``make()``, which creates a file in ``folder``, with the folder made where missing. Another run's probe
+    (``check_writable``) may remove a folder it made between our mkdir and ``make``: then it is made again."""
+    for _ in range(tries - 1):
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            return make()
+    folder.mkdir(parents=True, exist_ok=True)
+    return make()
 
 
 def _holder(fd: int) -> str:
@@ -117,8 +144,8 @@ def check_writable(path: str | os.PathLike) -> None:
         raise NotWritable(f"checkpoint path {path} is a directory; give a file path inside it")
     made = [folder for folder in path.parents if not folder.exists()]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        fd, probe = _made_in(path.parent, lambda: tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                                                   suffix=".probe"))
         os.close(fd)
         os.unlink(probe)
     except OSError as error:

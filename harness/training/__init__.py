@@ -4,7 +4,8 @@ argparse groups over it; ``checks``: every check, before any worker trains), the
 (``loop``: the epoch loop, with ``loop_save`` and ``loop_heal``, a rank's part in checkpoints and heals; ``build``: data, model, optimizer, synchroniser; ``step``: eager, graphed
 or compiled; ``optim``, ``ccnesterov``, ``schedule``; ``evaluation``: validation and Test.py).
 
-From Python, ``run(TrainConfig(...))`` does what Train.py does and returns the workers' summaries.
+From Python, ``run(TrainConfig(...))`` does what Train.py does and returns the workers' summaries; to continue a
+saved run, ``run(TrainConfig.resuming(PATH, **changes))``, as ``--resume`` does.
 
 Imports the collectives, the data pipeline and resilience; never the control plane's internals
 (a worker talks to the parent through its ``Context``). Importing this front does not import torch:

@@ -307,9 +307,10 @@ def check_idle(config: TrainConfig) -> None:
         raise ConfigError(f"{_listed(folder)}: --dataset {config.dataset} reads no folder (it is bundled or "
                           "generated); drop --data-dir, or use a dataset that reads one (imagefolder, tokens, mnist, "
                           "cifar10, package.module:factory)")
-    if ":" not in config.dataset and config.data_dir and os.path.isfile(config.data_dir):     # a factory may read a file
-        raise ConfigError(f"--data-dir {config.data_dir} is a file; --dataset {config.dataset} reads a folder: give the "
-                          f"one that holds its files ({os.path.dirname(config.data_dir) or '.'})")
+    if ":" not in config.dataset and config.dataset not in FOLDERLESS and config.data_dir and \
+            os.path.isfile(config.data_dir):     # a factory may read a file
+        raise ConfigError(f"--data-dir {config.data_dir} is a file; --dataset {config.dataset} reads a folder: give "
+                          f"the one that holds its files ({os.path.dirname(config.data_dir) or '.'})")
     profiled = _given(config, "profile_from", "profile_updates")
     if profiled and not config.profile:
         raise ConfigError(f"{_listed(profiled)} {_verb(profiled)} what --profile records; add --profile DIR or drop "

@@ -2,7 +2,7 @@
 
 Train.py fills it from its argparse groups (harness/training/flags.py); a script or a notebook builds
 one directly and calls ``harness.training.run(config)``. Every default is here, once, with what it
-means; the checks live in harness/training/checks.py. The checkpoint stores ``asdict(config)`` (plain
+means; the checks live in harness/training/checks.py. The checkpoint stores ``to_dict()`` (plain
 types only, so ``torch.load(weights_only=True)`` reads it) and Test.py and ``--resume`` rebuild it with
 ``TrainConfig.from_dict``.
 

@@ -29,7 +29,7 @@ import torch
 
 from harness.data.batch import Batch, call_model, is_pair, tree_map
 from harness.training.config import ConfigError, TrainConfig, one_line_errors
-from harness.training.losses import make_loss, own_loss
+from harness.training.losses import logits_of, make_loss, own_loss
 
 if TYPE_CHECKING:
     from harness.checkout.datasets import DataInfo
@@ -41,8 +41,9 @@ SAMPLES = 2
 
 class Problem(NamedTuple):
     """What a batch met in the check: the first line of what was raised (or of what is wrong), and whose it is:
-    "model" (the model, or the default loss, against the data), "loss" (the user's --loss raised it) or "gradient"
-    (the loss depends on no trainable parameter: training would change nothing)."""
+    "model" (the model against the data), "default loss" (cross-entropy against the model's output and the data's
+    targets), "loss" (the user's --loss raised it) or "gradient" (the loss depends on no trainable parameter:
+    training would change nothing)."""
 
     line: str
     source: str = "model"
@@ -71,7 +72,8 @@ def check_fit(config: TrainConfig, info: DataInfo, train: Any | None) -> None:
     if size > FAST_LIMIT:
         output, problem = run_batch(config, model, batch, torch.device("meta"))
         if problem is None:
-            beyond = targets_beyond(output, batch) if config.loss is None and own_loss(output) is None else None
+            beyond = targets_beyond(logits_of(output), batch) if config.loss is None and own_loss(output) is None \
+                else None
             if beyond is not None:
                 raise refusal(config, info.kind, batch, Problem(beyond))
             return
@@ -131,7 +133,7 @@ def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.devic
         return None, None
     except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return None, Problem(line, "loss" if stage == "loss" and config.loss is not None else "model")
+        return None, Problem(line, stage if stage == "model" or config.loss is not None else "default loss")
     if not loss.requires_grad:
         return None, Problem("the loss does not require grad; make it from the model's output without .detach() "
                              "or torch.no_grad()", "gradient")
@@ -173,15 +175,15 @@ def refusal(config: TrainConfig, kind: str, batch: Batch, problem: Problem) -> C
                            f"{problem.line} (a batch of {_describe(batch)}); the loss is called "
                            "as fn(output, batch) and must return a scalar tensor")
     return ConfigError(f"--model {config.model} does not fit --dataset {config.dataset}: {problem.line} (a batch of "
-                       f"{_describe(batch)}); {_advice(config, kind, batch)}")
+                       f"{_describe(batch)}); {_advice(kind, batch, problem)}")
 
 
-def _advice(config: TrainConfig, kind: str, batch: Batch) -> str:
-    """What to change where the model and the default loss refuse the batch: float targets are not class indices
+def _advice(kind: str, batch: Batch, problem: Problem) -> str:
+    """What to change where the model or the default loss refuse the batch: float targets are not class indices
     (one-hot rows, or a regression's values), which cross-entropy, the default loss, needs; else the model or the
     options are not made for this data."""
     targets = batch[1] if is_pair(batch) else None
-    if config.loss is None and torch.is_tensor(targets) and targets.is_floating_point():
+    if problem.source == "default loss" and torch.is_tensor(targets) and targets.is_floating_point():
         return ("its targets are floats, and the default loss is cross-entropy over class indices: give class "
                 "indices (.long(); y.argmax(-1) of one-hot rows), or pass --loss package.module:fn for a regression")
     return f"pick a model made for {kind} data, or fix --model-options/--dataset-options to match"

@@ -3,8 +3,8 @@
 ``--loss package.module:fn`` names ``fn(output, batch) -> scalar``: a regression, a contrastive or a
 masked-LM loss of the user's own. Without it the model's own loss is used where it returns one (a
 0-d tensor, a ``(logits, loss)`` tuple as nanoGPT's model with targets, an object with ``.loss`` as
-Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits (a tensor, or
-``.logits``) against the pair's targets.
+Hugging Face's ``ModelOutput``, or a dict with ``"loss"``), and else cross-entropy of its logits (a tensor,
+``.logits`` or a dict's ``"logits"``) against the pair's targets.
 The same rule serves training, validation and Test.py, so they always report the same loss.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def default_loss(output: Any, batch: Batch) -> torch.Tensor:
         from harness.checkout.models import loss_fn
         return loss_fn(logits, batch[1])
     kind = type(output).__name__
-    what = "not a tensor of logits nor a loss" if is_pair(batch) else "no loss, and the batch has no (x, y) targets"
+    what = "not a tensor of logits, .logits nor a loss" if is_pair(batch) else "no loss, and the batch has no (x, y) targets"
     raise TypeError(f"it returns a {kind}, {what}: return the loss from the model (a 0-d tensor, (logits, loss), "
                     "or an object with .loss) or pass --loss package.module:fn")
 
