@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from harness.launch.cluster import RETRY_EXIT, ClusterStart, check_start, detect
-from harness.training.checks import resolve
+from harness.training.checks import check_cluster, resolve
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.driver import resumes
 from harness.training.metrics import read_metrics
@@ -125,3 +125,12 @@ def test_torchrun_with_two_processes_a_node_is_refused_naming_the_flag(tmp_path)
     done = torchrun(tmp_path, 2)
     assert done.returncode != 0
     assert "torchrun started 2 processes on this node" in done.stderr and "--nproc-per-node 1" in done.stderr
+
+
+def test_a_restarted_job_that_began_by_resuming_another_checkpoint_goes_on_from_its_own(tmp_path):
+    """``--resume old.pt --save new.pt`` restarted by its engine: new.pt holds where the job got to, old.pt only
+    where it began (it went back to old.pt, and the updates since were trained again)."""
+    (tmp_path / "new.pt").write_bytes(b"saved by the job")
+    config = TrainConfig(resume=str(tmp_path / "old.pt"), save=str(tmp_path / "new.pt"), inherited=True)
+    assert check_cluster(config, ClusterStart("torchrun", 0, 2, restart_count=1)).resume == str(tmp_path / "new.pt")
+    assert check_cluster(config, ClusterStart("torchrun", 0, 2)).resume == str(tmp_path / "old.pt")

@@ -131,9 +131,10 @@ def cluster_start(config: TrainConfig) -> ClusterStart | None:
 def check_cluster(config: TrainConfig, job: ClusterStart | None = None) -> TrainConfig:
     """Started by an engine: checked (``cluster_start``), and after the engine restarted the job (``job``:
     what every node's engine said, where node agents have told it), a resume from the checkpoint the
-    run was writing."""
+    run was writing, also where the job began by resuming another (its --resume is where it began, not where
+    it got to)."""
     start = job or cluster_start(config)
-    if start and start.restart_count and config.save and not config.resume and Path(config.save).exists():
+    if start and start.restart_count and config.save and config.resume != config.save and Path(config.save).exists():
         return config.replace(resume=config.save)
     return config
 
