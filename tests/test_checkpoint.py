@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness.resilience.checkpoint import REQUIRED_KEYS, CheckpointError, load_checkpoint, save_checkpoint, write_atomically
+from harness.resilience.checkpoint import (REQUIRED_KEYS, CheckpointError, load_checkpoint, save_checkpoint,
+                                          write_atomically)
 from harness.resilience.lock import NotWritable, check_writable
 from harness.resilience.saved_config import read_config
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from harness.launch.cluster import ClusterStart, check_start, detect, unbind_from_mpi
 from harness.launch.launchers import Launcher, make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
-from harness.resilience.lock import NotWritable, check_writable
+from harness.resilience.lock import InUse, NotWritable, check_writable, refuse_if_held
 from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig, one_line_errors
 from harness.training.optim import check_options, default_impl
 from harness.training.schedule import is_constant
@@ -134,7 +134,8 @@ def check_cluster(config: TrainConfig, job: ClusterStart | None = None) -> Train
     run was writing, also where the job began by resuming another (its --resume is where it began, not where
     it got to)."""
     start = job or cluster_start(config)
-    if start and start.restart_count and config.save and config.resume != config.save and Path(config.save).exists():
+    if start and start.restart_count and config.save and config.resume != config.save and \
+            Path(config.save).exists():
         return config.replace(resume=config.save)
     return config
 
@@ -200,8 +201,9 @@ def heals_in_place(config: TrainConfig, gpus: list[int]) -> bool:
 
 
 def check_outputs(config: TrainConfig) -> None:
-    """What the run writes can be written (without torch: before the workers start). The checkpoint's folder
-    is probed here, where the run's lock goes beside it (and in async mode the checkpoint itself), and again
+    """What the run writes can be written (without torch: before the workers start), and no live run holds it (its
+    lock, which this creates nothing to look at: the run takes its own once the checks passed). The checkpoint's
+    folder is probed here, where the run's lock goes beside it (and in async mode the checkpoint itself), and again
     by rank 0 (``check_inputs``), which writes it from its own host in the other modes."""
     if not config.log_dir:
         raise ConfigError(f"--log-dir '' names no folder, and every run writes its log; give one (default "
@@ -213,6 +215,10 @@ def check_outputs(config: TrainConfig) -> None:
         raise ConfigError(f"--save {config.save} is a folder; give a file path inside it, e.g. "
                           f"{Path(config.save) / 'model.pt'}")
     _check_writable(config)
+    try:
+        refuse_if_held({"--save": config.save}, {"--log-dir": config.log_dir})
+    except InUse as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_writable(config: TrainConfig) -> None:

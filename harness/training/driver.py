@@ -24,7 +24,7 @@ from harness.launch.cluster import detect
 from harness.launch.launchers import Launcher, make_launcher
 from harness.parent import ChildError, ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
-from harness.resilience.lock import InUse, hold, refuse_if_held
+from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery, restart_record, spend
 from harness.training.checks import check_flags, check_inputs_in, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
@@ -66,7 +66,6 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     with nodes(config) as agents, hosts_launcher(config, agents) as launcher:
         gpus, config = plan_workers(config, launcher)
         check_outputs(config)
-        outputs_free(config)
         with contextlib.ExitStack() as outputs, contextlib.ExitStack() as group:
             config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
             outputs.enter_context(own_outputs(config))      # once checked: a refused run makes no folder
@@ -140,14 +139,6 @@ def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
     if isinstance(checked, str):
         raise ConfigError(checked)
     return checked
-
-
-def outputs_free(config: TrainConfig) -> None:
-    """ConfigError before anything starts where another live run holds this run's checkpoint or log folder."""
-    try:
-        refuse_if_held({"--save": config.save}, {"--log-dir": config.log_dir})
-    except InUse as e:
-        raise ConfigError(str(e)) from None
 
 
 @contextlib.contextmanager

@@ -52,7 +52,8 @@ def default_loss(output: Any, batch: Batch) -> torch.Tensor:
         from harness.checkout.models import loss_fn
         return loss_fn(logits, batch[1])
     kind = type(output).__name__
-    what = "not a tensor of logits, .logits nor a loss" if is_pair(batch) else "no loss, and the batch has no (x, y) targets"
+    what = "not a tensor of logits, .logits nor a loss" if is_pair(batch) else \
+        "no loss, and the batch has no (x, y) targets"
     raise TypeError(f"it returns a {kind}, {what}: return the loss from the model (a 0-d tensor, (logits, loss), "
                     "or an object with .loss) or pass --loss package.module:fn")
 

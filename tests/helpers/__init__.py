@@ -18,4 +18,5 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent      # the checkout: Train.py, Test.py, scripts/
 # Train.py as the tests start it, without its plot (a second of CPU a run, and CI is CPU-bound): the README's
 # commands draw it (test_train.py), and test_metrics.py checks what it draws.
-TRAIN_PY = (str(ROOT / "Train.py"), "--no-plot")
+NO_PLOT = ("--no-plot",)
+TRAIN_PY = (str(ROOT / "Train.py"), *NO_PLOT)

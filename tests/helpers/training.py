@@ -17,14 +17,14 @@ from harness.training import run
 from harness.training.checks import check
 from harness.training.driver import train
 from harness.resilience.checkpoint import load_checkpoint
-from tests.helpers import ROOT, TRAIN_PY
+from tests.helpers import NO_PLOT, ROOT, TRAIN_PY
 
 
 def run_train(tmp_path: Path, *flags: str, name: str = "run") -> tuple[list[dict], Path]:
     """Train with ``flags``, saving to tmp_path/NAME.pt and logging to tmp_path/NAME; returns (the
     workers' results, the checkpoint's path). No plot is drawn (``TRAIN_PY``)."""
     save = tmp_path / f"{name}.pt"
-    gpus, config = check(Train.parse_args([*TRAIN_PY[1:], "--save", str(save), "--log-dir", str(tmp_path / name),
+    gpus, config = check(Train.parse_args([*NO_PLOT, "--save", str(save), "--log-dir", str(tmp_path / name),
                                            *flags]))
     return train(config, gpus), save
 
