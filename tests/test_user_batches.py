@@ -45,6 +45,20 @@ def test_loss_names_a_regression_loss_of_ones_own(tmp_path, capsys):
     assert result["per_class_accuracy"] == [] and result["confusion_matrix"] is None and result["examples"] == []
 
 
+def test_labels_given_one_per_row_as_shape_1_are_counted_as_classes(tmp_path, capsys):
+    """Labels of shape (1,) per sample (a dataframe's column) train under the default loss, and validation and
+    Test.py count their accuracy as for labels of shape (): they reported none."""
+    _, saved = run_train(tmp_path, "--model", f"{USER}:two_classes", "--dataset", f"{USER}:column_labels",
+                         "--epochs", "4", "--lr", "0.5", "--batch-size", "16", name="column")
+    epochs = epochs_of(tmp_path, "column")
+    assert all(r["val_error"] is not None for r in epochs) and epochs[-1]["val_error"] < 0.2
+    status, out, _ = run_test_py(capsys, "--checkpoint", str(saved), "--json")
+    result = json.loads(out)
+    assert status == 0 and result["accuracy"] > 0.8 and result["samples"] == 64
+    assert len(result["per_class_accuracy"]) == 2 and {e["label"] for e in result["examples"]} <= {"negative", "positive"}
+    assert result["examples"]
+
+
 def test_a_model_that_returns_a_plain_dict_with_its_loss_is_trained_on_that_loss():
     from harness.training import TrainConfig
     from harness.training.checks import check

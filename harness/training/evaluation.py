@@ -41,19 +41,22 @@ def evaluate(model: torch.nn.Module, forward: Callable[[Batch], tuple[Any, torch
     return loss_sum, correct, count, seen
 
 
-def _predicted(out: Any, batch: Batch) -> torch.Tensor | None:
-    """The predicted classes, where the batch has class labels they can be compared with: integer targets, one
-    per row of logits over two classes or more (a regression's float targets, or a single output, have none)."""
+def _predicted(out: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the predicted classes, the labels), shaped alike, where the batch has class labels they can be compared
+    with: integer targets, one per row of logits over two classes or more, also given one per row as ``(N, 1)``
+    (a regression's float targets, or a single output, have none)."""
     logits = logits_of(out)
-    if is_pair(batch) and logits is not None and logits.shape[:-1] == batch[1].shape and logits.shape[-1] > 1 \
-            and not batch[1].is_floating_point() and not batch[1].is_complex():
-        return logits.argmax(-1)
-    return None
+    if not is_pair(batch) or logits is None or logits.shape[-1] < 2:
+        return None
+    y = batch[1]
+    if y.is_floating_point() or y.is_complex() or y.shape not in (logits.shape[:-1], (*logits.shape[:-1], 1)):
+        return None
+    return logits.argmax(-1), y.view(logits.shape[:-1])
 
 
 def _hits(out: Any, batch: Batch) -> tuple[int, int] | None:
     predicted = _predicted(out, batch)
-    return None if predicted is None else ((predicted == batch[1]).sum().item(), batch[1].numel())
+    return None if predicted is None else ((predicted[0] == predicted[1]).sum().item(), predicted[1].numel())
 
 
 def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any, torch.nn.Module]:
@@ -94,7 +97,7 @@ def score_shard(ctx: Any, state: dict, batch_size: int) -> dict:
             score["samples"] += samples(batch)
             predicted = _predicted(out, batch)
             if predicted is not None:
-                score["confusion"] += _confusion(predicted.cpu(), batch[1].cpu(), classes, full)
+                score["confusion"] += _confusion(predicted[0].cpu(), predicted[1].cpu(), classes, full)
     return score
 
 
@@ -112,9 +115,10 @@ def examples(state: dict) -> list[dict]:
     batch = next(evaluation_batches(test, 0, max(1, len(test) // EXAMPLES), EXAMPLES, torch.device("cpu")))
     with torch.no_grad():
         out = call_model(model, batch)
-    if _predicted(out, batch) is None:        # no class labels to show predictions against
+    predicted = _predicted(out, batch)
+    if predicted is None:        # no class labels to show predictions against
         return []
-    x, y = batch
+    x, y = batch[0], predicted[1]
     probabilities = logits_of(out).float().softmax(-1)
     if config.dataset == "oddeven":
         numbers = decode_oddeven(x)

@@ -143,6 +143,24 @@ def mse(output: torch.Tensor, batch) -> torch.Tensor:
     return torch.nn.functional.mse_loss(output.squeeze(-1), batch[1])
 
 
+class ColumnLabels(Regression):
+    """Regression's x labelled by the sign of its first value, each label a row of one integer (shape (1,)), as
+    a dataframe's label column often comes."""
+
+    classes = ["negative", "positive"]
+
+    def __getitem__(self, i: int):
+        return self.x[i], (self.x[i, :1] > 0).long()
+
+
+def column_labels(split: str, data_dir: str | None) -> ColumnLabels:
+    return ColumnLabels(split)
+
+
+def two_classes(info) -> torch.nn.Module:
+    return torch.nn.Linear(8, 2)
+
+
 def five_classes(info) -> torch.nn.Module:
     """Five logits whatever the data's classes."""
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 5))
