@@ -78,9 +78,14 @@ def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_chan
     assert resumed["step"] == 3 * (1293 // 2 // 32) and resumed["config"]["lr"] == 0.02
     _, short = run_train(tmp_path, "--max-steps", "3", name="short")
     capsys.readouterr()
-    longer = train_error("--resume", str(short), "--epochs", "5", monkeypatch=monkeypatch, capsys=capsys)
-    assert "(--max-steps 3): nothing is left to train; pass a larger --max-steps to train more (it overrides " \
-           "--epochs)" in longer
+    assert "(--max-steps 3): nothing is left" in train_error("--resume", str(short), monkeypatch=monkeypatch,
+                                                             capsys=capsys)
+    shorter = train_error("--resume", str(short), "--max-steps", "2", monkeypatch=monkeypatch, capsys=capsys)
+    assert "(--max-steps 2): nothing is left to train; pass a larger --epochs or --max-steps" in shorter
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")      # --epochs lengthens a --max-steps run, which it used to refuse
+    assert Train.main(["--resume", str(short), "--epochs", "1"]) == 0, capsys.readouterr().err
+    lengthened = load_checkpoint(short)
+    assert lengthened["step"] == 1293 // 2 // 32 and lengthened["config"]["max_steps"] is None
 
 
 def test_a_resume_from_another_folder_continues_the_checkpoint_and_log_of_the_run_it_resumes(tmp_path, monkeypatch,

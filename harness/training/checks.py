@@ -515,8 +515,7 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
             f"--epochs {config.epochs} of {config.steps_per_epoch()} updates"
         raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
                           f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
-                          + ("--max-steps to train more (it overrides --epochs)" if config.max_steps else
-                             "--epochs or --max-steps to train more"))
+                          "--epochs or --max-steps to train more")
 
 
 def _saved_as(name: str, value: object) -> str:

@@ -177,7 +177,8 @@ class TrainConfig:
     def resuming(cls, resume: str, **changes: Any) -> TrainConfig:
         """The config to continue the run saved at ``resume``: the saved run's fields (model, data,
         optimizer, schedule, length, ...) with ``changes`` over them; what ``resolve`` decides and the
-        loader count (this machine's) are decided again. A change that a resume cannot take is
+        loader count (this machine's) are decided again. ``epochs`` without ``max_steps`` lengthens a run
+        that was given --max-steps (which would override it) to that many epochs. A change that a resume cannot take is
         refused by the checks (harness/training/checks.py), naming it."""
         from harness.resilience.saved_config import CheckpointError, read_config
         try:
@@ -190,6 +191,8 @@ class TrainConfig:
                 f"--{name.replace('_', '-')} {getattr(saved, name)!r}" for name in fixed) + "; drop " + ", ".join(
                 f"--{name.replace('_', '-')}" for name in fixed) + " (or start a new run without --resume)")
         fresh = {name: getattr(cls(), name) for name in DECIDED_AGAIN}
+        if "epochs" in changes and "max_steps" not in changes:      # the run is measured in epochs from now on
+            changes = {**changes, "max_steps": None}
         return dataclasses.replace(rebased(saved, resume), **{**fresh, "resume": resume, **changes, "inherited": True})
 
     def replace(self, **changes: Any) -> TrainConfig:
