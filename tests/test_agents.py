@@ -200,8 +200,12 @@ def test_a_launcher_of_our_own_on_nodes_the_engine_started_is_refused(monkeypatc
 
 
 def test_the_rendezvous_is_the_engine_s_master_and_torchrun_s_port_is_left_to_it():
-    torchrun = {**RECORDED["torchrun"][0], "MASTER_ADDR": "node0", "MASTER_PORT": "41000"}
-    assert rendezvous(ClusterStart("torchrun", 1, 2), torchrun) == ("node0", 41001)
+    torchrun = {**RECORDED["torchrun"][0], "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+    assert rendezvous(ClusterStart("torchrun", 1, 2), torchrun) == ("node0", 29501)
+    # torchrun's store on an ephemeral port (its own pick): the port after it is folded below them, on every node
+    ephemeral = {**torchrun, "MASTER_PORT": "41000"}
+    assert rendezvous(ClusterStart("torchrun", 1, 2), ephemeral) == ("node0", 20000 + 41001 - 32768)
+    assert rendezvous(ClusterStart("torchrun", 0, 2), {**ephemeral, "MASTER_PORT": "60999"})[1] == 20000 + 28232 % 12768
     assert rendezvous(ClusterStart("torchrun", 1, 2), {**torchrun, "HARNESS_PORT": "5000"}) == ("node0", 5000)
     pytorchjob = RECORDED["pytorchjob"][0]
     assert rendezvous(ClusterStart("kubeflow", 2, 3), pytorchjob) == ("job-master-0", 23456)

@@ -42,6 +42,10 @@ CHOICES = ("auto", "none", *ENGINES)
 # The port node 0's parent listens on for the other nodes' agents where the engine names none (Slurm,
 # MPI, SageMaker, SkyPilot without MASTER_PORT); HARNESS_PORT overrides it under every engine.
 DEFAULT_PORT = 29500
+# torchrun's store listens on a port of the kernel's ephemeral range (Linux's default starts at 32768), where the port
+# after it may be any connection's local port (one was: "Address already in use"). The parent's port beside it is
+# folded below that range, into [BELOW_EPHEMERAL, EPHEMERAL), the same on every node.
+EPHEMERAL, BELOW_EPHEMERAL = 32768, 20000
 
 
 @dataclass(frozen=True)
@@ -183,8 +187,8 @@ def rendezvous(start: ClusterStart, env: Mapping[str, str]) -> tuple[str, int]:
     """(host, port) where node 0's parent listens for the other nodes' agents: the engine's master address
     (MASTER_ADDR; Kubeflow's PET_MASTER_ADDR; the NodeAddr of the Slurm step's first node; SageMaker's first host;
     SkyPilot's first IP) and HARNESS_PORT, else MASTER_PORT, else DEFAULT_PORT. Under torchrun MASTER_PORT
-    is torchrun's own store (torch >= 2.4 shares its rendezvous TCPStore with the workers), so the parent
-    takes MASTER_PORT + 1. MPI names no first node: the user passes MASTER_ADDR (``mpirun -x MASTER_ADDR=...``)."""
+    is torchrun's own store (its rank 0 agent's TCPStore, shared with the workers), so the parent takes the port
+    after it (``beside_torchrun``). MPI names no first node: the user passes MASTER_ADDR (``mpirun -x MASTER_ADDR=...``)."""
     host = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR") or _first_node(start, env)
     if not host:
         raise ValueError(f"{start.engine} does not say which node is node 0: set MASTER_ADDR to its address on "
@@ -192,8 +196,15 @@ def rendezvous(start: ClusterStart, env: Mapping[str, str]) -> tuple[str, int]:
     port = env.get("HARNESS_PORT") or env.get("MASTER_PORT") or env.get("PET_MASTER_PORT") or str(DEFAULT_PORT)
     if not port.isdigit() or not 0 < int(port) < 65535:
         raise ValueError(f"port {port!r} (HARNESS_PORT or MASTER_PORT) is not a TCP port; set HARNESS_PORT=29500")
-    shift = start.engine == "torchrun" and "HARNESS_PORT" not in env
-    return host, int(port) + shift
+    if start.engine == "torchrun" and "HARNESS_PORT" not in env:
+        return host, beside_torchrun(int(port))
+    return host, int(port)
+
+
+def beside_torchrun(store: int) -> int:
+    """The port after torchrun's store, or where that is an ephemeral port, one folded below them (EPHEMERAL)."""
+    after = store + 1
+    return after if after < EPHEMERAL else BELOW_EPHEMERAL + (after - EPHEMERAL) % (EPHEMERAL - BELOW_EPHEMERAL)
 
 
 def _first_node(start: ClusterStart, env: Mapping[str, str]) -> str | None:

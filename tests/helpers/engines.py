@@ -72,9 +72,9 @@ class Torchrun:
                  env: dict[str, str] | None = None):
         self.dir, self.nodes = directory, nodes
         env = {**os.environ, "HARNESS_KEY_FILE": str(key_file(directory)), "PYTHONUNBUFFERED": "1", **(env or {})}
-        # Below the kernel's ephemeral ports (32768 up), and even: node 0's parent listens on the port after it
-        # (harness/launch/cluster.py), which a connection's ephemeral port once took in CI ("Address already in use").
-        endpoint = f"{hosts.addresses[0]}:{random.randrange(10000, 20000, 2)}"
+        # Below the kernel's ephemeral ports (32768 up), which a connection may hold; torchrun's store for the workers
+        # (MASTER_PORT) is another port, its own pick (node 0's parent listens beside it: harness/launch/cluster.py).
+        endpoint = f"{hosts.addresses[0]}:{random.randrange(10000, 20000)}"
         self.processes = []
         for i in range(nodes):
             command = ["ip", "netns", "exec", hosts.namespaces[i], sys.executable, "-m", "torch.distributed.run",
