@@ -65,6 +65,32 @@ def test_a_variable_read_at_import_gets_a_zygote_of_its_own(monkeypatch):
     assert zygote.AT_IMPORT and "TORCH_SHOW_CPP_STACKTRACES".startswith(zygote.AT_IMPORT)
 
 
+def where_the_probe_came_from(ctx) -> tuple:
+    import probe_preload
+    return os.getppid(), probe_preload.WHERE, sys.path[0]
+
+
+def test_a_search_path_of_its_own_is_served_warm_unless_it_finds_a_preload_elsewhere(tmp_path, monkeypatch):
+    """A folder put first on the path (a test's, a notebook's) gets the warm zygote where it holds none of the
+    modules the zygote imported, the child searching the new path; one that holds a preload of its own gets a
+    zygote that imports that one, as a fresh interpreter would."""
+    first, other, shadow = (tmp_path / name for name in ("first", "other", "shadow"))
+    for folder, where in ((first, "first"), (other, None), (shadow, "shadow")):
+        folder.mkdir()
+        if where:
+            (folder / "probe_preload.py").write_text(f"WHERE = {where!r}\n")
+    seen = []
+    with Parent() as parent:
+        for folder in (first, other, shadow):
+            monkeypatch.syspath_prepend(str(folder))
+            kids = parent.fork(1, preload=["probe_preload"])
+            kids.exec(where_the_probe_came_from)
+            seen += kids.wait()
+    (warm, *_), (again, *_), (fresh, *_) = seen
+    assert [s[1:] for s in seen] == [("first", str(first)), ("first", str(other)), ("shadow", str(shadow))]
+    assert again == warm and fresh != warm
+
+
 def test_the_zygote_and_its_children_end_with_a_killed_parent(tmp_path):
     script = textwrap.dedent("""
         import os, sys, time

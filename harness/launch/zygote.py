@@ -12,8 +12,9 @@ The parent's side (``Zygote``, one per set of preloads and environment, kept war
 the process, ``KEPT`` at most: ``for_environment``) and the zygote (``main``, in a ``python -c`` of its own)
 talk over a Unix socket pair of datagrams (SOCK_SEQPACKET): each request is one JSON message (the
 child's environment and working directory) with the child's stdout and stderr passed along as file
-descriptors; the zygote answers ``{"started": pid}`` in request order and later ``{"exited": pid,
-"returncode": rc}`` (negative: killed by that signal, as subprocess reports it). ``Forked`` shows the
+descriptors; the zygote says ``{"imported": [top-level modules]}`` once warm, answers ``{"started": pid}`` in
+request order and later ``{"exited": pid, "returncode": rc}`` (negative: killed by that signal, as subprocess
+reports it). ``Forked`` shows the
 parent's supervision a child as it showed a ``subprocess.Popen``: ``pid``, ``poll``, ``wait``,
 ``kill``, ``returncode`` and ``stderr``.
 
@@ -25,12 +26,15 @@ parent's death still ends every child. A child renames its process "harness.chil
 
 Variables that Python and the preloads read at import (PYTHON*, TORCH*, ...: ``AT_IMPORT``) are the
 zygote's, so a group whose environment differs from a zygote's in those gets a zygote of its own; the
-rest of a child's environment is its own (set before anything reads it). What a fresh interpreter
+rest of a child's environment is its own (set before anything reads it). Where only the module search path
+differs (a test or a notebook that puts a folder of its own first), a warm zygote still serves if that path
+finds every module it imported where its own found it (``Zygote.serves``); the child then searches its own. What a fresh interpreter
 would have made anew, a child remakes: its name, numpy's seed, the temporary directory, its thread count.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import json
 import os
 import selectors
@@ -54,13 +58,21 @@ from harness.plugins import preload
 # those of AFTER_FORK, whatever their prefix.
 AT_IMPORT = ("PYTHON", "LD_", "TORCH", "PYTORCH_", "TRITON", "MKL_", "OPENBLAS", "GOMP_", "KMP_", "HARNESS_PRELOAD",
              "HARNESS_SYS_PATH")
-AFTER_FORK = ("PYTORCH_CUDA_ALLOC_CONF",)
+AFTER_FORK = ("PYTORCH_CUDA_ALLOC_CONF", "TORCHELASTIC_")
+SEARCH_PATH = ("HARNESS_SYS_PATH", "PYTHONPATH")    # where the preloads are found: compared module by module
 REAP_INTERVAL = 0.05        # s between the zygote's looks for children that ended
 MESSAGE = 1 << 18           # the largest request: a child's environment
 
 
 def _at_import(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(AT_IMPORT) and k not in AFTER_FORK}
+    return {k: v for k, v in env.items() if k.startswith(AT_IMPORT) and not k.startswith(AFTER_FORK)}
+
+
+def _found_at(name: str, path: list[str]) -> tuple | None:
+    """Where a search of ``path`` finds the top-level module ``name`` (None: not on a path: built in, frozen, or
+    found by another finder, such as an editable install's)."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    return None if spec is None else (spec.origin, tuple(spec.submodule_search_locations or ()))
 
 
 class Forked:
@@ -123,6 +135,8 @@ class Zygote:
                                          str(theirs.fileno())],
                                         env=dict(env), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
+        self.environment = _at_import(env)
+        self.imported: list[str] | None = None      # its top-level modules, once it is warm
         self._lock = threading.Lock()
         self._waiting: list[Forked] = []        # asked for, not yet forked: the zygote answers in order
         self._children: dict[int, Forked] = {}
@@ -143,6 +157,23 @@ class Zygote:
         finally:
             os.close(write)
         return child
+
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a child of ``env`` may be forked here: this zygote is up, and ``env`` agrees with it on what is
+        read at import, or differs only in the search path (``SEARCH_PATH``), which finds every module the zygote
+        imported where the zygote's own path found it (what a fresh interpreter would have imported is what the
+        child has)."""
+        theirs = _at_import(env)
+        if self.process.poll() is not None:
+            return False
+        if theirs == self.environment:
+            return True
+        ours = self.environment
+        if self.imported is None or {k: v for k, v in theirs.items() if k not in SEARCH_PATH} != \
+                {k: v for k, v in ours.items() if k not in SEARCH_PATH} or "HARNESS_SYS_PATH" not in theirs.keys() & ours:
+            return False
+        path, own = json.loads(theirs["HARNESS_SYS_PATH"]), json.loads(ours["HARNESS_SYS_PATH"])
+        return all(_found_at(name, path) == _found_at(name, own) for name in self.imported)
 
     def live_children(self) -> int:
         with self._lock:
@@ -168,7 +199,9 @@ class Zygote:
 
     def _note(self, message: dict) -> None:
         with self._lock:
-            if "started" in message:
+            if "imported" in message:
+                self.imported = message["imported"]
+            elif "started" in message:
                 child = self._waiting.pop(0)
                 self._children[message["started"]] = child
                 child._set(pid=message["started"])
@@ -190,26 +223,28 @@ class Zygote:
             child._set(returncode=child.returncode if child.returncode is not None else 1)
 
 
-_zygotes: dict[tuple, Zygote] = {}        # least recently used first
+_zygotes: list[Zygote] = []        # least recently used first
 _registry = threading.Lock()
 KEPT = 4            # zygotes kept warm at most: idle ones beyond this end, least recently used first
 
 
 def for_environment(env: Mapping[str, str]) -> Zygote:
-    """The zygote for children of ``env`` (its preloads and import-time variables), started on first
-    use. Idle zygotes of other environments stay warm, up to ``KEPT`` zygotes in all: a process that
-    alternates environments (a sweep, a test session) does not import torch again for each group,
-    and one that tries many does not keep an interpreter for each."""
-    key = tuple(sorted(_at_import(env).items()))
+    """A zygote that serves children of ``env`` (its preloads and import-time variables: ``Zygote.serves``),
+    started on first use. Idle zygotes of other environments stay warm, up to ``KEPT`` zygotes in all: a process
+    that alternates environments (a sweep, a test session) does not import torch again for each group, and one
+    that tries many does not keep an interpreter for each."""
     with _registry:
-        zygote = _zygotes.pop(key, None)
-        if zygote is None or zygote.process.poll() is not None:
+        zygote = next((z for z in reversed(_zygotes) if z.serves(env)), None)
+        if zygote is None:
             zygote = Zygote({k: v for k, v in env.items()       # no run's key or endpoint
                              if not k.startswith("HARNESS_") or k in AT_IMPORT})
-        _zygotes[key] = zygote
-        idle = [k for k, z in _zygotes.items() if k != key and z.live_children() == 0]
+        else:
+            _zygotes.remove(zygote)
+        _zygotes.append(zygote)
+        idle = [z for z in _zygotes if z is not zygote and z.live_children() == 0]
         for other in idle[:max(0, len(_zygotes) - KEPT)]:
-            _zygotes.pop(other).close()
+            _zygotes.remove(other)
+            other.close()
         return zygote
 
 
@@ -289,6 +324,7 @@ def main() -> None:
     server = socket.socket(fileno=int(sys.argv[1]))
     _warm_up()
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):    # the parent ended before it read all we said
+        server.send(json.dumps({"imported": sorted({name.partition(".")[0] for name in sys.modules})}).encode())
         _serve(server)
 
 
