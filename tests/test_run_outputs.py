@@ -44,6 +44,10 @@ def test_a_run_killed_outright_leaves_no_lock_behind(tmp_path, monkeypatch, caps
     busy = train_error("--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "other"),
                        monkeypatch=monkeypatch, capsys=capsys)
     assert f"--save {tmp_path / 'model.pt'} is in use by another run (pid {first.pid})" in busy, busy
+    both = train_error("--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs"),
+                       monkeypatch=monkeypatch, capsys=capsys)     # the same command again: one line for both
+    assert both.endswith(f"--save {tmp_path / 'model.pt'} and --log-dir {tmp_path / 'logs'} are in use by another "
+                         f"run (pid {first.pid}); wait for it to end or pass another --save and another --log-dir")
     kill_session(first.pid)         # SIGKILL: no handler runs, the kernel drops the lock
     first.wait(timeout=60)
     after = Train.main(["--epochs", "1", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")])

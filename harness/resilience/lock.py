@@ -31,7 +31,11 @@ T = TypeVar("T")
 
 
 class InUse(RuntimeError):
-    """Another live run holds the lock; the message names its pid and the flag to change."""
+    """Another live run holds the lock; the message names its pid (``holder``) and the flag to change."""
+
+    def __init__(self, message: str, holder: str = "unknown"):
+        super().__init__(message)
+        self.holder = holder
 
 
 class NotWritable(ValueError):
@@ -57,7 +61,9 @@ def hold(files: dict[str, str | None], folders: dict[str, str | None]) -> Iterat
 def refuse_if_held(files: dict[str, str | None], folders: dict[str, str | None]) -> None:
     """``InUse`` at once where a live run holds one of these locks, creating nothing: a run takes its own (``hold``)
     only once its checks passed, so that one they refuse leaves no folder, and this refuses the common case (a
-    second run on a live one's outputs) before it starts anything; ``hold`` refuses one that came in between."""
+    second run on a live one's outputs) before it starts anything; ``hold`` refuses one that came in between.
+    The refusal names every output held, so that one change of flags gets past it."""
+    held = []
     for flag, path, output in _locks(files, folders):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -65,8 +71,15 @@ def refuse_if_held(files: dict[str, str | None], folders: dict[str, str | None])
             continue
         try:
             _take(fd, flag, output)
+        except InUse as e:
+            held.append((flag, output, e.holder))
         finally:
             os.close(fd)
+    if held:
+        raise InUse(" and ".join(f"{flag} {output}" for flag, output, _ in held)
+                    + f" {'is' if len(held) == 1 else 'are'} in use by another run (pid "
+                    + ", ".join(dict.fromkeys(holder for _, _, holder in held)) + "); wait for it to end or pass "
+                    + " and ".join(f"another {flag}" for flag, _, _ in held), held[0][2])
 
 
 def _locks(files: dict[str, str | None], folders: dict[str, str | None]) -> Iterator[tuple[str, Path, Path]]:
@@ -82,8 +95,9 @@ def _take(fd: int, flag: str, output: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise InUse(f"{flag} {output} is in use by another run (pid {_holder(fd)}); wait for it to end or "
-                    f"pass another {flag}") from None
+        holder = _holder(fd)
+        raise InUse(f"{flag} {output} is in use by another run (pid {holder}); wait for it to end or pass another "
+                    f"{flag}", holder) from None
 
 
 @contextlib.contextmanager
