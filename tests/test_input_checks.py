@@ -4,7 +4,9 @@ the loss in the parent), numbers that make no sense, and the papercuts a newcome
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
@@ -137,8 +139,21 @@ def test_a_model_the_meta_device_cannot_run_is_not_refused_for_it(real_limit, mo
     ({"gpus": 1}, "TrainConfig gpus=1 is int, not str or None"),
     ({"epochs": True}, "TrainConfig epochs=True is bool, not int"),
     ({"model_options": '{"hidden": [32]}'}, "TrainConfig model_options='{\"hidden\": [32]}' is str, not dict (the "
-                                            "options themselves, not their JSON text)")])
-def test_a_config_built_in_python_with_a_value_of_another_type_is_one_line_before_anything_starts(given, said):
+                                            "options themselves, not their JSON text)"),
+    ({"gpus": [0, 1]}, "TrainConfig gpus=[0, 1] is list, not str or None (the GPUs as one string: '0,1')"),
+    ({"save": Path("m.pt")}, "TrainConfig save=PosixPath('m.pt') is PosixPath, not str or None (pass str(path))"),
+    ({"batch_size": numpy.int64(16)}, "TrainConfig batch_size=np.int64(16) is int64, not int (pass int(value))"),
+    ({"model": len}, "TrainConfig model=<built-in function len> is builtin_function_or_method, not str (name a "
+                     "factory as 'package.module:factory', a function in a module file the workers import, not "
+                     "the object itself)"),
+    # choices that only Train.py's argparse checked: off the list, a value fell through to another behaviour
+    ({"mode": "Grad"}, "TrainConfig mode='Grad' is not one of --mode's choices: grad, param, async (did you mean "
+                       "'grad'?)"),
+    ({"heal": "no"}, "TrainConfig heal='no' is not one of --heal's choices: on, off"),
+    ({"lr_schedule": "cosin"}, "TrainConfig lr_schedule='cosin' is not one of --lr-schedule's choices: constant, "
+                               "cosine, linear, step (did you mean 'cosine'?)")])
+def test_a_config_built_in_python_with_a_value_of_another_type_or_off_its_choices_is_one_line_before_anything_starts(
+        given, said):
     assert {name.strip() for f in dataclasses.fields(TrainConfig) for name in f.type.split("|")} <= set(TYPES)
     TrainConfig(lr=1).check_types()         # an int where a float is due is a number all the same
     with pytest.raises(ConfigError) as refused:

@@ -27,6 +27,7 @@ from harness.launch.launchers import Launcher, make_launcher
 from harness.launch.placement import host_gpus, resolve_gpus, visible_gpus
 from harness.resilience.lock import InUse, NotWritable, check_writable, refuse_if_held
 from harness.training.config import FIXED_MID_EPOCH, FIXED_ON_RESUME, ConfigError, TrainConfig, one_line_errors
+from harness.training.flags import check_choices
 from harness.training.optim import check_options, default_impl
 from harness.training.schedule import is_constant
 
@@ -414,9 +415,15 @@ def check_async(config: TrainConfig) -> None:
                           f"drop it, or use --mode param --outer-optimizer nesterov")
 
 
+def check_fields(config: TrainConfig) -> None:
+    """Every field of its type, and every field that a flag offers choices for one of them: before anything starts."""
+    config.check_types()
+    check_choices(config)
+
+
 def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:
     """``plan_workers`` and ``check_flags``: (GPUs, the config with every decided field filled in)."""
-    config.check_types()
+    check_fields(config)
     gpus, config = plan_workers(config)
     return gpus, check_flags(config, gpus)
 

@@ -30,6 +30,20 @@ FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
 PATHS = ("save", "log_dir", "data_dir", "profile")      # relative to the folder a run is started in
 
 
+def _how_to_give(name: str, value: Any, types: list[str]) -> str:
+    """The conversion a value of another type needs, where there is a usual one."""
+    if name in ("model", "dataset", "loss") and not isinstance(value, str):
+        return (" (name a factory as 'package.module:factory', a function in a module file the workers import, "
+                "not the object itself)")
+    if name == "gpus" and isinstance(value, (list, tuple)):
+        return f" (the GPUs as one string: {','.join(map(str, value))!r})"
+    if isinstance(value, os.PathLike) and "str" in types:
+        return " (pass str(path))"
+    if hasattr(value, "item") and ("int" in types or "float" in types):     # a numpy or torch scalar
+        return f" (pass {types[0]}(value))"
+    return " (the options themselves, not their JSON text)" if types[0] == "dict" else ""
+
+
 class ConfigError(ValueError):
     """Bad input; reported as one line, before any worker starts (Train.py exits 2)."""
 
@@ -207,4 +221,4 @@ class TrainConfig:
             allowed = tuple(kind for name in names for kind in TYPES[name])
             if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
                 raise ConfigError(f"TrainConfig {f.name}={value!r} is {type(value).__name__}, not {' or '.join(names)}"
-                                  + (" (the options themselves, not their JSON text)" if names[0] == "dict" else ""))
+                                  + _how_to_give(f.name, value, names))

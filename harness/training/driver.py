@@ -26,7 +26,7 @@ from harness.parent import ChildError, ChildFailed, Children, Parent
 from harness.resilience.interrupt import Interrupts
 from harness.resilience.lock import InUse, hold
 from harness.resilience.recovery import Recovery, restart_record, spend
-from harness.training.checks import check_flags, check_inputs_in, check_outputs, plan_workers, trained
+from harness.training.checks import check_fields, check_flags, check_inputs_in, check_outputs, plan_workers, trained
 from harness.training.config import ConfigError, TrainConfig
 from harness.training.imports import import_meanwhile
 from harness.training.metrics import MetricsLog, import_plotting_meanwhile, plot_metrics, read_metrics
@@ -58,7 +58,7 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
     ``interrupts``: SIGINT/SIGTERM handlers to tell about the workers (Train.py's); ``marks``: the
     start-up timeline so far."""
     marks = marks if marks is not None else timeline.start("imported")
-    config.check_types()
+    check_fields(config)
     if config.resume and not config.inherited:
         raise ConfigError(f"TrainConfig(resume={config.resume!r}) trains with this config's own fields, not the saved "
                           f"run's; make it with TrainConfig.resuming({config.resume!r}, **changes) to continue that "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 from typing import Any, Callable
 
@@ -267,3 +268,17 @@ def json_option(name: str, text: str) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{flag} must be a JSON object like '{{\"key\": 1}}', got {text!r}")
     return value
+
+
+def check_choices(config: TrainConfig) -> None:
+    """A ConfigError naming the first field whose value is not one of its flag's choices. Train.py's argparse
+    refuses those on the command line; a TrainConfig built in Python comes here, where a value off the list would
+    otherwise fall through to another's behaviour (``mode="Grad"`` trained each worker alone, unaveraged)."""
+    for action in make_parser("")._actions:
+        value = getattr(config, action.dest, None)
+        if action.choices is None or value is None or value in action.choices:
+            continue
+        offered = [str(choice) for choice in action.choices]
+        close = difflib.get_close_matches(str(value).lower(), offered, n=1)
+        raise ConfigError(f"TrainConfig {action.dest}={value!r} is not one of {action.option_strings[0]}'s choices: "
+                          + ", ".join(offered) + (f" (did you mean {close[0]!r}?)" if close else ""))
