@@ -164,10 +164,13 @@ def test_a_scheduled_clipped_run_logs_its_rate_and_norm_writes_tensorboard_and_r
     (["--cuda-graph", "--warmup-steps", "5", "--optimizer", "adadelta"], "--cuda-graph would freeze the learning rate"),
     (["--grad-accum", "0"], "--grad-accum must be at least 1, got 0"),
     (["--batch-size", "400", "--grad-accum", "2"], "--batch-size 400 x --grad-accum 2 is larger than a worker's "
-                                                   "shard (647 samples of 1294 over 2 workers)"),
+                                                   "shard (647 samples of 1294 over 2 workers); --batch-size is each "
+                                                   "worker's, so it can be 323 at most with --grad-accum 2"),
     (["--optimizer", "adadelta", "--optimizer-impl", "fused"], "torch has no fused adadelta"),
     (["--max-steps", "20", "--lr-schedule", "cosine", "--warmup-steps", "20"],
      "--warmup-steps 20 is as long as the run or longer (20 updates): the rate would never reach --lr 0.05"),
+    (["--max-steps", "20", "--validate-every", "21"],
+     "--validate-every 21 is longer than the run (20 updates): it would never validate; validate more often"),
 ])
 def test_bad_recipe_flags_are_one_line_errors(flags, message, tmp_path, monkeypatch, capsys):
     assert message in train_error(*flags, "--log-dir", str(tmp_path), monkeypatch=monkeypatch, capsys=capsys)

@@ -438,7 +438,7 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
                             else default_data_workers(config.workers))
     check_early_stop(config, validated)
-    check_warmup(config)
+    check_length(config)
     if config.mode != "async":      # rank 0 writes it, on a host that need not be the parent's
         _check_writable(config)
     try:
@@ -466,14 +466,22 @@ def _check_model_state(config: TrainConfig, info: Any, saved: dict) -> None:
                           "train anew without --resume") from None
 
 
-def check_warmup(config: TrainConfig) -> None:
-    """A warm-up as long as the run (known once the data's size is) never reaches --lr: the run trains at a
-    fraction of the rate it was given. A resume goes on with the schedule it was trained with."""
+def check_length(config: TrainConfig) -> None:
+    """What is counted in updates against the run's length (known once the data's size is). A warm-up as long as
+    the run never reaches --lr: the run trains at a fraction of the rate it was given. A --validate-every longer
+    than the run never validates (and it replaces the epochs' validations), so --target-error and --patience
+    never act either. A resume goes on with the schedule it was trained with."""
     total = config.total_updates(config.steps_per_epoch())
-    if config.warmup_steps >= total and not config.resume:
+    if config.resume:
+        return
+    if config.warmup_steps >= total:
         raise ConfigError(f"--warmup-steps {config.warmup_steps} is as long as the run or longer ({total} updates): "
                           f"the rate would never reach --lr {config.lr}; warm up for a few percent of the run "
                           f"(e.g. --warmup-steps {max(1, total // 20)}) or train longer")
+    if config.validate_every > total:
+        raise ConfigError(f"--validate-every {config.validate_every} is longer than the run ({total} updates): it "
+                          f"would never validate; validate more often (e.g. --validate-every {max(1, total // 4)}) "
+                          "or drop it to validate at each epoch's end")
 
 
 def _check_loss(config: TrainConfig) -> None:
@@ -563,7 +571,8 @@ def _check_data_and_model(config: TrainConfig) -> tuple[int, bool, Any]:
         accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
         raise ConfigError(f"--batch-size {config.batch_size}{accum} is larger than a worker's shard ({shard} "
                           f"samples of {samples} over {config.workers} workers); --batch-size is each worker's, "
-                          f"so --batch-size{accum} can be {shard} at most")
+                          f"so it can be {shard // config.grad_accum} at most"
+                          + (f" with --grad-accum {config.grad_accum}" if accum else ""))
     return samples, facts.validated, facts.info
 
 
