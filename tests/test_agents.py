@@ -12,6 +12,8 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -190,6 +192,22 @@ def test_a_missing_or_weak_key_is_a_one_line_error_saying_how_to_make_one(env, m
         monkeypatch.delenv(name, raising=False)
     line = train_error("--cpu-workers", "1", monkeypatch=monkeypatch, capsys=capsys)
     assert message in line and "secrets.token_hex(32)" in line and "export HARNESS_KEY_FILE=" in line
+
+
+def test_a_key_file_others_can_read_is_warned_of_and_the_recipe_makes_one_they_cannot(tmp_path, capsys):
+    """Whoever reads the key can sign what every node unpickles; the recipe the errors give makes it 0600."""
+    loose = key_file(tmp_path)
+    loose.chmod(0o644)
+    assert trust.preshared_key({"HARNESS_KEY_FILE": str(loose)}) == trust.preshared_key({"HARNESS_KEY": loose.read_text()})
+    warned = capsys.readouterr().err
+    assert f"HARNESS_KEY_FILE={loose} can be read by other users (mode 0644)" in warned and f"chmod 600 {loose}" in warned
+    loose.chmod(0o600)
+    trust.preshared_key({"HARNESS_KEY_FILE": str(loose)})
+    assert capsys.readouterr().err == ""
+    recipe = trust.HOW.split("make one with: ")[1].split("; and give")[0]
+    (tmp_path / "new").mkdir()
+    subprocess.run(["bash", "-c", recipe.replace("python", sys.executable)], cwd=tmp_path / "new", check=True)
+    assert (tmp_path / "new" / "harness.key").stat().st_mode & 0o777 == 0o600
 
 
 def test_a_launcher_of_our_own_on_nodes_the_engine_started_is_refused(monkeypatch, capsys):

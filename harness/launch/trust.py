@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -27,8 +28,8 @@ import zmq
 import zmq.utils.z85
 
 MIN_KEY_CHARS = 32      # e.g. 16 random bytes as hex; token_hex(32) gives 64
-HOW = ('make one with: python -c "import secrets; print(secrets.token_hex(32))" > harness.key; and give every node '
-       'the same file: export HARNESS_KEY_FILE=$PWD/harness.key (or set HARNESS_KEY to its text)')
+HOW = ('make one with: (umask 077; python -c "import secrets; print(secrets.token_hex(32))" > harness.key); and give '
+       'every node the same file: export HARNESS_KEY_FILE=$PWD/harness.key (or set HARNESS_KEY to its text)')
 
 
 def preshared_key(env: Mapping[str, str]) -> bytes:
@@ -41,6 +42,7 @@ def preshared_key(env: Mapping[str, str]) -> bytes:
         except OSError as error:
             raise ValueError(f"HARNESS_KEY_FILE={path}: {error.strerror}; {HOW}") from None
         where = f"HARNESS_KEY_FILE={path}"
+        _warn_if_readable(path)
     else:
         text, where = env.get("HARNESS_KEY", "").strip(), "HARNESS_KEY"
         if not text:
@@ -49,6 +51,17 @@ def preshared_key(env: Mapping[str, str]) -> bytes:
     if len(text) < MIN_KEY_CHARS:
         raise ValueError(f"{where} holds {len(text)} characters, fewer than {MIN_KEY_CHARS}: too easy to guess; {HOW}")
     return hashlib.sha256(text.encode()).digest()
+
+
+def _warn_if_readable(path: str) -> None:
+    """Say so where the key file is open to other users: whoever reads it can sign the frames that every node
+    unpickles, that is, run code there. A warning, not a refusal: a Kubernetes Secret is mounted 0644 unless its
+    volume says otherwise, and inside a pod nobody else may be there to read it."""
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        print(f"harness: warning: HARNESS_KEY_FILE={path} can be read by other users (mode {mode:04o}), who could run "
+              f"code on every node with it; chmod 600 {path} (a Kubernetes Secret: defaultMode: 0400)",
+              file=sys.stderr, flush=True)
 
 
 def derive(key: bytes, label: str) -> bytes:

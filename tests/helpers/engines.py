@@ -61,6 +61,7 @@ def key_file(directory: Path) -> Path:
     """A pre-shared key, as the docs say to make one."""
     path = directory / "harness.key"
     path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
     return path
 
 
