@@ -109,6 +109,7 @@ class Children:
         """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once. ``fn`` may
         be a ``"package.module:function"`` name the children import: the parent need not import its module."""
         self._watch.raise_if_failed()
+        self._usable("exec", running=False)
         call = (fn, args, kwargs)
         # The socket thread handles messages under the link's lock: one of the last exec is then handled as the
         # last exec's, or dropped as old, never half of each.
@@ -124,23 +125,36 @@ class Children:
 
     def join(self, msg: Any = None) -> list:
         """Wait until every child has called ``ctx.yield_``; hand each ``msg``; return the yielded values."""
+        self._usable("join")
         values = self._mail.take("yield")
         self._send("join", [(rank, msg) for rank in range(len(self))])
         return values
 
     def send(self, obj: Any) -> None:
         """Send the same object to every child."""
+        self._usable("send", running=False)
         self._send("data", [(rank, obj) for rank in range(len(self))])
 
     def scatter(self, objs: Sequence[Any]) -> None:
         """Send ``objs[r]`` to child r."""
         if len(objs) != len(self):
             raise ValueError(f"scatter needs one object per child: got {len(objs)} for {len(self)} children")
+        self._usable("scatter", running=False)
         self._send("data", enumerate(objs))
 
     def receive(self) -> list:
         """The next object each child sent, in rank order."""
+        self._usable("receive")
         return self._mail.take("data")
+
+    def _usable(self, call: str, running: bool = True) -> None:
+        """Refuse a call the group cannot answer, which would fail deep in ZeroMQ or wait for ever: any after
+        ``stop()`` (or its Parent's close), and with ``running`` one that waits on the children's function before
+        any was exec'd. A group stopped because a child died raises that death instead (``ChildFailed``)."""
+        if self._watch.stopping and self._watch.failure is None:
+            raise RuntimeError(f"{call}() on a group that was stopped (stop(), or its Parent closed); fork a new one")
+        if running and self._watch.exec_id == 0:
+            raise RuntimeError(f"{call}() called before exec(): nothing is running")
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every child still running. Safe in a signal handler (it only calls
@@ -150,8 +164,7 @@ class Children:
 
     def wait(self) -> list:
         """Wait for the function of the last ``exec`` to return in every child; its values in rank order."""
-        if self._watch.exec_id == 0:
-            raise RuntimeError("wait() called before exec(): nothing is running")
+        self._usable("wait")
         self._watch.wait_for(lambda: all(c.outcome for c in self._watch.children) or None)
         return [c.outcome[2] for c in self._watch.children]
 

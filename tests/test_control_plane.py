@@ -1,4 +1,5 @@
 """The fork/exec/join/send/receive API on CPU children, sharing one group across tests."""
+import re
 import threading
 import time
 from pathlib import Path
@@ -150,8 +151,15 @@ def test_usage_errors(kids):
     with Parent() as parent:
         with pytest.raises(ValueError, match="positive integer"):
             parent.fork(0)
-        with pytest.raises(RuntimeError, match="before exec"):
-            parent.fork(1).wait()
+        fresh = parent.fork(1)
+        for waits in (fresh.wait, fresh.join, fresh.receive):       # each would wait for ever: nothing runs
+            with pytest.raises(RuntimeError, match=re.escape(f"{waits.__name__}() called before exec(): nothing")):
+                waits()
+        fresh.exec(lambda ctx: ctx.rank)
+        assert fresh.wait() == [0]
+    for used in (lambda: fresh.exec(lambda ctx: 1), lambda: fresh.send(1), fresh.wait, fresh.receive):
+        with pytest.raises(RuntimeError, match=re.escape("on a group that was stopped (stop(), or its Parent closed); fork")):
+            used()      # was a ZMQError ("Socket operation on non-socket") or a wait for ever
 
 
 def test_join_on_a_function_that_returned_raises_instead_of_hanging(kids):
