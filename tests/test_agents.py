@@ -210,6 +210,25 @@ def test_a_key_file_others_can_read_is_warned_of_and_the_recipe_makes_one_they_c
     assert (tmp_path / "new" / "harness.key").stat().st_mode & 0o777 == 0o600
 
 
+def test_node_0_that_cannot_listen_says_whether_the_address_or_the_port_is_wrong(monkeypatch, capsys):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = str(taken.getsockname()[1])
+    said = {}
+    for address in ("no-such-node.invalid", "10.255.255.1", "127.0.0.1"):
+        for name, value in {**RECORDED["torchrun"][0], "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "2",
+                            "MASTER_ADDR": address, "HARNESS_PORT": port, "HARNESS_KEY": "k" * 64}.items():
+            monkeypatch.setenv(name, value)
+        said[address] = train_error("--cpu-workers", "1", monkeypatch=monkeypatch, capsys=capsys)
+    taken.close()
+    assert "the name no-such-node.invalid does not resolve here" in said["no-such-node.invalid"]
+    assert "10.255.255.1 (10.255.255.1) is not an address of this machine; the engine's master address (MASTER_ADDR) " \
+           "must name node 0" in said["10.255.255.1"]
+    assert said["127.0.0.1"].endswith("set HARNESS_PORT to a free port on every node")
+    assert all("HARNESS_PORT" not in line for address, line in said.items() if address != "127.0.0.1")
+
+
 def test_a_launcher_of_our_own_on_nodes_the_engine_started_is_refused(monkeypatch, capsys):
     for name, value in {**RECORDED["torchrun"][0], "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)

@@ -28,6 +28,7 @@ its checkpoint. One link thread owns the socket; other threads hand it messages 
 """
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -106,11 +107,19 @@ class Agents(Launcher):
         resolves to a loopback address (as /etc/hosts often maps a host's own name): the link is encrypted."""
         try:
             address = sockets.gethostbyname(host)
+        except OSError as error:
+            self._socket.close()
+            raise ValueError(f"node 0 cannot listen for the other nodes on {host}:{port}: the name {host} does not "
+                             f"resolve here ({error}); the engine's master address (MASTER_ADDR) must name node 0, "
+                             "the machine this is") from None
+        try:
             self._socket.bind(f"tcp://{'*' if address.startswith('127.') else address}:{port}")
         except (OSError, zmq.ZMQError) as error:
             self._socket.close()
-            raise ValueError(f"node 0 cannot listen for the other nodes on {host}:{port} ({error}); set HARNESS_PORT "
-                             "to a free port on every node") from None
+            fix = (f"{host} ({address}) is not an address of this machine; the engine's master address (MASTER_ADDR) "
+                   "must name node 0, the machine this is" if error.errno == errno.EADDRNOTAVAIL else
+                   "set HARNESS_PORT to a free port on every node")
+            raise ValueError(f"node 0 cannot listen for the other nodes on {host}:{port} ({error}); {fix}") from None
 
     def _await(self, wait: float) -> None:
         """Until every other node's agent has said hello; a ValueError naming those missing after ``wait`` s."""
