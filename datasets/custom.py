@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.plugins import import_factory
+from harness.plugins import check_call, import_factory
 
 from .split import DataError, DataInfo
 
@@ -29,6 +29,7 @@ from .split import DataError, DataInfo
 def open_custom(spec: str, data_dir: str | None, seed: int = 0, **options: Any) -> tuple[Any, Any]:
     """(train, val) from the factory named by ``spec``; val may be None."""
     factory = import_factory(spec, "dataset", "factory(split, data_dir, **options)")
+    check_call(factory, f"--dataset {spec}", "factory(split, data_dir, **options)", "train", data_dir, **options)
     train = seeded(factory, "train", data_dir, seed, options)
     val = seeded(factory, "val", data_dir, seed, options)
     for split, dataset in (("train", train), ("val", val)):

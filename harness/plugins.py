@@ -6,6 +6,7 @@ import contextlib
 import gc
 import importlib
 import importlib.util
+import inspect
 import os
 from typing import Any, Callable, Iterable
 
@@ -35,6 +36,18 @@ def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
     if not callable(factory):
         raise ValueError(_no_callable(module, attr, signature))
     return factory
+
+
+def check_call(factory: Callable[..., Any], what: str, signature: str, *args: Any, **kwargs: Any) -> None:
+    """A ValueError naming ``what`` and the call the harness makes (``signature``) where ``factory`` cannot take
+    these arguments: a factory of the wrong shape otherwise failed with Python's bare "takes 0 positional
+    arguments but 2 were given", which names neither. One without a signature to read is left to its call."""
+    try:
+        inspect.signature(factory).bind(*args, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"{what} cannot be called as {signature}: {e}") from None
+    except ValueError:
+        pass
 
 
 def _no_callable(module: Any, attr: str, signature: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harness.plugins import import_factory, imported_on_call
+from harness.plugins import check_call, import_factory, imported_on_call
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +33,9 @@ def build_model(name: str, info, **options) -> torch.nn.Module:
         return MODELS[name](info, **options)
     if ":" in name:
         import torch
-        model = import_factory(name, "model", "factory(info, **options)")(info, **options)
+        factory = import_factory(name, "model", "factory(info, **options)")
+        check_call(factory, f"--model {name}", "factory(info, **options)", info, **options)
+        model = factory(info, **options)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
         return model

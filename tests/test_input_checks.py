@@ -281,6 +281,13 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
      "tests.helpers.batchnorm_model:model normalises over the batch (BatchNorm), which one sample cannot train"),
     (["--model", "tests.helpers.user_code:not_a_module"],
      "--model tests.helpers.user_code:not_a_module: the factory returned a str, not a torch.nn.Module"),
+    (["--model", "tests.helpers.user_code:takes_nothing"], "--model tests.helpers.user_code:takes_nothing cannot be "
+     "called as factory(info, **options): too many positional arguments"),
+    (["--dataset", "tests.helpers.user_code:takes_nothing"], "--dataset tests.helpers.user_code:takes_nothing cannot "
+     "be called as factory(split, data_dir, **options): too many positional arguments"),
+    (["--dataset", "tests.helpers.user_code:regression", "--dataset-options", '{"size": 3}'], "--dataset "
+     "tests.helpers.user_code:regression cannot be called as factory(split, data_dir, **options): got an unexpected "
+     "keyword argument 'size'"),
     (["--dataset", "tests.helpers.user_code:varying_lengths"], "--dataset tests.helpers.user_code:varying_lengths: its "
      "samples differ in shape, so they do not stack into a batch (stack expects each tensor to be equal size"),
     (["--dataset", "tests.helpers.user_code:one_hot"], "its targets are floats, and the default loss is cross-entropy "

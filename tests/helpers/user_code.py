@@ -261,6 +261,10 @@ def detached_loss(output: torch.Tensor, batch) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(output.detach(), batch[1])
 
 
+def takes_nothing() -> None:
+    """A factory that forgot its arguments (a model's info; a dataset's split and data_dir)."""
+
+
 def not_a_module(info) -> str:
     return "a model"
 
