@@ -27,6 +27,7 @@ def find_in_working_folder() -> None:
 
 def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
     """The callable ``spec`` names; a ValueError that says how to fix the name otherwise."""
+    _refuse_unnamed(spec, what)
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -36,6 +37,18 @@ def import_factory(spec: str, what: str, signature: str) -> Callable[..., Any]:
     if not callable(factory):
         raise ValueError(_no_callable(module, attr, signature))
     return factory
+
+
+def _refuse_unnamed(spec: str, what: str) -> None:
+    """A ValueError where ``spec`` names no function after a colon: ``pkg.module.fn`` was imported as a module
+    ``pkg.module.fn`` and refused with advice about the path, and ``pkg.module:`` as a missing callable ''."""
+    module_name, colon, attr = spec.partition(":")
+    if colon and attr:
+        return
+    head, dot, tail = module_name.rpartition(".")
+    guess = f" (did you mean '{head}:{tail}'?)" if dot and not colon else ""
+    raise ValueError(f"{what} {spec!r} names no function: give 'package.module:function', a colon before the "
+                     f"function's name{guess}")
 
 
 def check_call(factory: Callable[..., Any], what: str, signature: str, *args: Any, **kwargs: Any) -> None:
@@ -68,6 +81,7 @@ def _no_callable(module: Any, attr: str, signature: str) -> str:
 def check_findable(spec: str, what: str) -> None:
     """``import_factory``'s error where the module of ``spec`` cannot be found, found without importing it: Train.py's
     parent checks --loss so, and leaves the import (of torch, often) to rank 0's checks."""
+    _refuse_unnamed(spec, what)
     module_name = spec.partition(":")[0]
     why = _not_found(module_name)
     if why is not None:
