@@ -121,6 +121,17 @@ def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp
     assert done["event"] == "done" and done["diverged"] and done["step"] < 12 + 8
 
 
+def test_an_epoch_whose_loss_is_not_finite_stops_the_run_at_its_end_without_validating_it(tmp_path, capsys):
+    """The stop vote reads a diverged loss up to 8 updates late: an epoch's loss, which every rank sums alike, is
+    known at once (a run without --save validated the epoch with NaN weights and began the next)."""
+    status = Train.main(["--model", DIVERGING_MODEL, "--model-options", '{"after": 8}', "--batch-size", "64",
+                         "--epochs", "3", "--save", "", "--log-dir", str(tmp_path / "logs")])       # 10 updates an epoch
+    assert status == 1 and "the loss is not finite by update 10" in capsys.readouterr().err
+    records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    assert [(r["event"], r["step"]) for r in records if r["event"] in ("epoch", "validation", "done")] == \
+        [("epoch", 10), ("done", 10)]
+
+
 def test_a_stopped_worker_is_named_long_before_it_counts_as_hung(tmp_path):
     process = start_train(tmp_path, "--model", SLOW_MODEL, "--epochs", "1000", "--heartbeat-timeout", "9")
     victim = workers_of(process)[1]

@@ -291,6 +291,8 @@ class Worker(Saving, Healing):
         if ended:
             s.epoch, s.position = s.epoch + 1, 0
         loss, updates, seconds = self.epoch_loss.group(self.comm)
+        if updates and not math.isfinite(loss) and not s.diverged:     # every rank sums the same: no wait for the vote
+            self.diverge(f"the loss is not finite by update {s.step}")
         if self.sync.evaluation_due(not config.validate_every and s.stop is None and (ended or self.over())):
             measured = self.validate()
         if self.lead and ended:
