@@ -173,6 +173,28 @@ def test_nodes_with_the_same_key_connect_and_a_node_with_another_key_is_told_so(
     assert "nodes 1 did not connect within 3 s" in str(parent) and "the same key" in str(parent)
 
 
+def test_an_agent_whose_node_0_refuses_the_run_says_why_in_its_own_log(capsys):
+    """Node 0 refuses two nodes of one address; node 1's log said only that it had connected, and exited 1."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    key = "k" * 64
+    refused: list[ValueError] = []
+
+    def node_0() -> None:
+        with pytest.raises(ValueError) as error:
+            Agents(ClusterStart("torchrun", 0, 2), ("127.0.0.1", port), trust.preshared_key({"HARNESS_KEY": key}), 1,
+                   5.0, wait=20.0)
+        refused.append(error.value)
+    thread = threading.Thread(target=node_0)
+    thread.start()
+    status = agent.serve(ClusterStart("torchrun", 1, 2), 1, 0, 5.0, {"HARNESS_KEY": key, "HARNESS_PORT": str(port),
+                                                                      "MASTER_ADDR": "127.0.0.1"}, find_timeout=20.0)
+    thread.join()
+    assert status == 1 and "two nodes have the same address" in str(refused[0])
+    assert f"harness: node 0 refused the run: {refused[0]}" in capsys.readouterr().err
+
+
 def test_a_node_of_a_job_with_another_node_count_is_refused_on_both_ends():
     parent, found = parent_and_agent(KEY, KEY, agent_nodes=3)
     assert isinstance(found, agent.Refused) and "started for a job of 3 nodes, but node 0 for one of 2" in str(found)

@@ -88,16 +88,17 @@ class Agents(Launcher):
         self._outbox: queue.Queue = queue.Queue()
         self._joined, self._closed = threading.Event(), threading.Event()
         self._error: str | None = None
-        self._status = 1
+        self._status: int | tuple[int, str] = 1
         self._thread = threading.Thread(target=self._serve, name="harness-agents", daemon=True)
         self._thread.start()
         self._await(wait)
         nodes = [self._nodes[rank] for rank in sorted(self._nodes)]
         hosts = [Host(address_toward(nodes[0].address), slots)] + [Host(n.address, n.slots) for n in nodes]
         if len({h.name for h in hosts}) < len(hosts):
-            self.close(1)
-            raise ValueError("two nodes have the same address (" + ", ".join(h.name for h in hosts) + "): run one "
-                             "Train.py per node, each on a machine of its own")
+            why = ("two nodes have the same address (" + ", ".join(h.name for h in hosts) + "): run one Train.py per "
+                   "node, each on a machine of its own")
+            self.close(1, why)
+            raise ValueError(why)
         super().__init__(hosts)
         self._by_host = {n.address: n for n in nodes}
         self.cluster = replace(start, restart_count=max(start.restart_count, *(n.restart_count for n in nodes)))
@@ -128,10 +129,11 @@ class Agents(Launcher):
             joined = self._joined.wait(min(SAY_EVERY, max(0.0, deadline - time.monotonic())))
             missing = ", ".join(str(r) for r in range(1, self.cluster.nodes) if r not in self._nodes)
             if self._error or (not joined and time.monotonic() >= deadline):
-                self.close(1)
-                raise ValueError(self._error or f"nodes {missing} did not connect within {wait:.0f} s: check that "
-                                 "they run Train.py with the same flags and the same key (HARNESS_KEY_FILE or "
-                                 "HARNESS_KEY), and reach this node")
+                why = self._error or (f"nodes {missing} did not connect within {wait:.0f} s: check that they run "
+                                      "Train.py with the same flags and the same key (HARNESS_KEY_FILE or HARNESS_KEY), "
+                                      "and reach this node")
+                self.close(1, why)
+                raise ValueError(why)
             if joined:
                 break
             print(f"node 0: waiting for node(s) {missing} to connect", flush=True)
@@ -157,10 +159,11 @@ class Agents(Launcher):
         """Send ``message`` to ``node``'s agent (from any thread: the link thread sends it)."""
         self._outbox.put((node.identity, message))
 
-    def close(self, status: int = 0) -> None:
-        """Tell every agent the run ended with exit status ``status`` (theirs too), and close the link."""
+    def close(self, status: int = 0, why: str | None = None) -> None:
+        """Tell every agent the run ended with exit status ``status`` (theirs too), and ``why`` where node 0 refused
+        it (its agents' logs would otherwise say nothing of the reason), and close the link."""
         if not self._closed.is_set():
-            self._status = status
+            self._status = (status, why) if why else status
             self._closed.set()
             self._thread.join()
 

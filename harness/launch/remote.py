@@ -11,7 +11,7 @@ Two kinds of process serve such requests, each over a channel of its own:
 
 Both speak the same messages, (kind, payload):
 parent -> host: ("start", (child, environment)), ("signal", (child, signum)), ("heartbeat", None),
-("end", exit status);
+("end", exit status, or (exit status, why node 0 refused the run));
 host -> parent: ("started", (child, pid)), ("stderr", (child, line)), ("exited", (child, status)),
 ("heartbeat", None).
 
@@ -26,6 +26,7 @@ import abc
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -105,6 +106,15 @@ class RemoteChild(zygote.Forked):
         self._set(pid=0 if self._pid is None else None, returncode=returncode)
 
 
+def _ended(payload: int | list) -> int:
+    """The exit status an "end" carries, saying on stderr why node 0 refused the run where it says."""
+    if isinstance(payload, int):
+        return payload
+    status, why = payload
+    print(f"harness: node 0 refused the run: {why}", file=sys.stderr, flush=True)
+    return status
+
+
 class Served:
     """One run served on a host: the parent's requests in, the children's news out, until "end", the
     channel's end or the parent's silence for ``heartbeat_timeout`` s."""
@@ -129,7 +139,7 @@ class Served:
                     if message is not None:
                         heard = time.monotonic()
                         if message[0] == "end":
-                            return message[1]
+                            return _ended(message[1])
                         self._do(*message)
                 while not self._news.empty():
                     self._channel.send(self._news.get())

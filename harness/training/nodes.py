@@ -64,6 +64,6 @@ def nodes(config: TrainConfig) -> Iterator[Launcher | None]:
     try:
         yield launcher
     except BaseException as error:
-        launcher.close(exit_status(error, config.cluster))
+        launcher.close(exit_status(error, config.cluster), str(error) if isinstance(error, ConfigError) else None)
         raise
     launcher.close(0)
