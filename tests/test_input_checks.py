@@ -290,6 +290,8 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
      "tests.helpers.batchnorm_model:model normalises over the batch (BatchNorm), which one sample cannot train"),
     (["--model", "tests.helpers.user_code:not_a_module"],
      "--model tests.helpers.user_code:not_a_module: the factory returned a str, not a torch.nn.Module"),
+    (["--model", "tests.helpers.user_code:no_parameters"], "--model tests.helpers.user_code:no_parameters: the loss "
+     "depends on no parameter that trains, so training would change nothing: the model has no parameters at all"),
     (["--model", "tests.helpers.user_code:takes_nothing"], "--model tests.helpers.user_code:takes_nothing cannot be "
      "called as factory(info, **options): too many positional arguments"),
     (["--dataset", "tests.helpers.user_code:takes_nothing"], "--dataset tests.helpers.user_code:takes_nothing cannot "

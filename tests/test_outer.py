@@ -208,7 +208,8 @@ def test_a_streaming_checkpoint_saved_with_its_exchange_s_snapshot_loads_and_lan
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--outer-optimizer", "nesterov"], "add --mode param"),
+    (["--outer-optimizer", "nesterov"], "--outer-optimizer sets what --mode param (or async) does every --avg-every "
+                                        "updates; add --mode param"),
     (["--mode", "param", "--avg-every", "4", "--fragments", "5"], "at most K fragments"),
     (["--mode", "param", "--avg-every", "8", "--fragments", "2", "--outer-delay", "4"], "--outer-delay 4 must be under"),
     (["--mode", "param", "--outer-momentum", "0.5"], "add --outer-optimizer nesterov"),

@@ -128,7 +128,8 @@ def reachable(host: str, port: int) -> tuple[str | None, str]:
     try:
         address = sockets.gethostbyname(host)
     except OSError as error:
-        return None, f"the name {host} does not resolve yet ({error})"
+        return None, (f"the name {host} does not resolve yet ({error}); a master's name on Kubernetes resolves once "
+                      "its pod starts, elsewhere look for a typo in MASTER_ADDR")
     try:
         sockets.create_connection((address, port), timeout=2.0).close()
     except OSError as error:

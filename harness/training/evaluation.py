@@ -160,7 +160,7 @@ def report(result: dict, as_json: bool) -> None:
         print(json.dumps(result))
         return
     print(f"{result['model']} on {result['dataset']}, {result['evaluates']} ({result['samples']} samples), "
-          f"trained {result['epoch']} epochs / {result['step']} updates")
+          f"trained {result['epoch']} epoch{'s' * (result['epoch'] != 1)} / {result['step']} updates")
     print(f"loss: {result['loss']:.4f}")
     if result["accuracy"] is not None:
         print(f"accuracy: {result['accuracy']:.4f}")
