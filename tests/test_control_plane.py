@@ -158,7 +158,8 @@ def test_usage_errors(kids):
         fresh.exec(lambda ctx: ctx.rank)
         assert fresh.wait() == [0]
     for used in (lambda: fresh.exec(lambda ctx: 1), lambda: fresh.send(1), fresh.wait, fresh.receive):
-        with pytest.raises(RuntimeError, match=re.escape("on a group that was stopped (stop(), or its Parent closed); fork")):
+        stopped = re.escape("on a group that was stopped (stop(), or its Parent closed); fork")
+        with pytest.raises(RuntimeError, match=stopped):
             used()      # was a ZMQError ("Socket operation on non-socket") or a wait for ever
 
 

@@ -199,8 +199,9 @@ def test_what_a_plain_dataset_s_samples_are_is_read_off_them():
         infer_info(user_code.FloatLabels(), "float labels")
 
 
-@pytest.mark.parametrize("spec, guess", [("tests.helpers.user_code.mse", " (did you mean 'tests.helpers.user_code:mse'?)"),
-                                         ("tests.helpers.user_code:", ""), ("user_code", "")])
+@pytest.mark.parametrize("spec, guess", [
+    ("tests.helpers.user_code.mse", " (did you mean 'tests.helpers.user_code:mse'?)"),
+    ("tests.helpers.user_code:", ""), ("user_code", "")])
 def test_a_loss_named_without_a_colon_before_its_function_says_so(spec, guess, monkeypatch, capsys):
     """It was imported as a module of that dotted name and refused with advice about PYTHONPATH."""
     line = train_error("--loss", spec, monkeypatch=monkeypatch, capsys=capsys)

@@ -125,7 +125,7 @@ def test_an_epoch_whose_loss_is_not_finite_stops_the_run_at_its_end_without_vali
     """The stop vote reads a diverged loss up to 8 updates late: an epoch's loss, which every rank sums alike, is
     known at once (a run without --save validated the epoch with NaN weights and began the next)."""
     status = Train.main(["--model", DIVERGING_MODEL, "--model-options", '{"after": 8}', "--batch-size", "64",
-                         "--epochs", "3", "--save", "", "--log-dir", str(tmp_path / "logs")])       # 10 updates an epoch
+                         "--epochs", "3", "--save", "", "--log-dir", str(tmp_path / "logs")])   # 10 updates an epoch
     assert status == 1 and "the loss is not finite by update 10" in capsys.readouterr().err
     records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["event"], r["step"]) for r in records if r["event"] in ("epoch", "validation", "done")] == \

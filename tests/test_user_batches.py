@@ -55,7 +55,8 @@ def test_labels_given_one_per_row_as_shape_1_are_counted_as_classes(tmp_path, ca
     status, out, _ = run_test_py(capsys, "--checkpoint", str(saved), "--json")
     result = json.loads(out)
     assert status == 0 and result["accuracy"] > 0.8 and result["samples"] == 64
-    assert len(result["per_class_accuracy"]) == 2 and {e["label"] for e in result["examples"]} <= {"negative", "positive"}
+    assert len(result["per_class_accuracy"]) == 2
+    assert {e["label"] for e in result["examples"]} <= {"negative", "positive"}
     assert result["examples"]
 
 

@@ -53,6 +53,7 @@ log = logging.getLogger("harness")
 
 WAIT_FOR_AGENTS = 300.0     # s node 0 waits for every other node's agent to connect
 SAY_EVERY = 10.0            # s between the parent's lines saying which nodes it still waits for
+NODE_0 = "the engine's master address (MASTER_ADDR) must name node 0, the machine this is"
 
 
 class NodeLost(HostLost):
@@ -111,15 +112,13 @@ class Agents(Launcher):
         except OSError as error:
             self._socket.close()
             raise ValueError(f"node 0 cannot listen for the other nodes on {host}:{port}: the name {host} does not "
-                             f"resolve here ({error}); the engine's master address (MASTER_ADDR) must name node 0, "
-                             "the machine this is") from None
+                             f"resolve here ({error}); {NODE_0}") from None
         try:
             self._socket.bind(f"tcp://{'*' if address.startswith('127.') else address}:{port}")
         except (OSError, zmq.ZMQError) as error:
             self._socket.close()
-            fix = (f"{host} ({address}) is not an address of this machine; the engine's master address (MASTER_ADDR) "
-                   "must name node 0, the machine this is" if error.errno == errno.EADDRNOTAVAIL else
-                   "set HARNESS_PORT to a free port on every node")
+            fix = (f"{host} ({address}) is not an address of this machine; {NODE_0}"
+                   if error.errno == errno.EADDRNOTAVAIL else "set HARNESS_PORT to a free port on every node")
             raise ValueError(f"node 0 cannot listen for the other nodes on {host}:{port} ({error}); {fix}") from None
 
     def _await(self, wait: float) -> None:
@@ -130,8 +129,8 @@ class Agents(Launcher):
             missing = ", ".join(str(r) for r in range(1, self.cluster.nodes) if r not in self._nodes)
             if self._error or (not joined and time.monotonic() >= deadline):
                 why = self._error or (f"nodes {missing} did not connect within {wait:.0f} s: check that they run "
-                                      "Train.py with the same flags and the same key (HARNESS_KEY_FILE or HARNESS_KEY), "
-                                      "and reach this node")
+                                      "Train.py with the same flags and the same key (HARNESS_KEY_FILE or "
+                                      "HARNESS_KEY), and reach this node")
                 self.close(1, why)
                 raise ValueError(why)
             if joined:

@@ -188,7 +188,8 @@ def rendezvous(start: ClusterStart, env: Mapping[str, str]) -> tuple[str, int]:
     (MASTER_ADDR; Kubeflow's PET_MASTER_ADDR; the NodeAddr of the Slurm step's first node; SageMaker's first host;
     SkyPilot's first IP) and HARNESS_PORT, else MASTER_PORT, else DEFAULT_PORT. Under torchrun MASTER_PORT
     is torchrun's own store (its rank 0 agent's TCPStore, shared with the workers), so the parent takes the port
-    after it (``beside_torchrun``). MPI names no first node: the user passes MASTER_ADDR (``mpirun -x MASTER_ADDR=...``)."""
+    after it (``beside_torchrun``). MPI names no first node: the user passes MASTER_ADDR
+    (``mpirun -x MASTER_ADDR=...``)."""
     host = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR") or _first_node(start, env)
     if not host:
         raise ValueError(f"{start.engine} does not say which node is node 0: set MASTER_ADDR to its address on "

@@ -106,7 +106,7 @@ class RemoteChild(zygote.Forked):
         self._set(pid=0 if self._pid is None else None, returncode=returncode)
 
 
-def _ended(payload: int | list) -> int:
+def _ended(payload: int | tuple[int, str]) -> int:
     """The exit status an "end" carries, saying on stderr why node 0 refused the run where it says."""
     if isinstance(payload, int):
         return payload

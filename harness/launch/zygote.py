@@ -14,9 +14,8 @@ talk over a Unix socket pair of datagrams (SOCK_SEQPACKET): each request is one 
 child's environment and working directory) with the child's stdout and stderr passed along as file
 descriptors; the zygote says ``{"imported": [top-level modules]}`` once warm, answers ``{"started": pid}`` in
 request order and later ``{"exited": pid, "returncode": rc}`` (negative: killed by that signal, as subprocess
-reports it). ``Forked`` shows the
-parent's supervision a child as it showed a ``subprocess.Popen``: ``pid``, ``poll``, ``wait``,
-``kill``, ``returncode`` and ``stderr``.
+reports it). ``Forked`` shows the parent's supervision a child as it showed a ``subprocess.Popen``: ``pid``,
+``poll``, ``wait``, ``kill``, ``returncode`` and ``stderr``.
 
 The zygote ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process group: the children record it
 and the parent decides) and exits when the parent's end of the socket closes, which the parent's
@@ -28,8 +27,9 @@ Variables that Python and the preloads read at import (PYTHON*, TORCH*, ...: ``A
 zygote's, so a group whose environment differs from a zygote's in those gets a zygote of its own; the
 rest of a child's environment is its own (set before anything reads it). Where only the module search path
 differs (a test or a notebook that puts a folder of its own first), a warm zygote still serves if that path
-finds every module it imported where its own found it (``Zygote.serves``); the child then searches its own. What a fresh interpreter
-would have made anew, a child remakes: its name, numpy's seed, the temporary directory, its thread count.
+finds every module it imported where its own found it (``Zygote.serves``); the child then searches its own.
+What a fresh interpreter would have made anew, a child remakes: its name, numpy's seed, the temporary
+directory, its thread count.
 """
 from __future__ import annotations
 
@@ -66,6 +66,15 @@ MESSAGE = 1 << 18           # the largest request: a child's environment
 
 def _at_import(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(AT_IMPORT) and not k.startswith(AFTER_FORK)}
+
+
+def _search_path(environment: Mapping[str, str]) -> list[str] | None:
+    """The module search path a child of ``environment`` starts with (None where it is not given)."""
+    return json.loads(environment["HARNESS_SYS_PATH"]) if "HARNESS_SYS_PATH" in environment else None
+
+
+def _apart_from_search_path(environment: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environment.items() if k not in SEARCH_PATH}
 
 
 def _found_at(name: str, path: list[str]) -> tuple | None:
@@ -136,7 +145,7 @@ class Zygote:
                                         env=dict(env), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         self.environment = _at_import(env)
-        self.imported: list[str] | None = None      # its top-level modules, once it is warm
+        self.found: dict[str, tuple | None] | None = None     # where its path found its top-level modules, once warm
         self._lock = threading.Lock()
         self._waiting: list[Forked] = []        # asked for, not yet forked: the zygote answers in order
         self._children: dict[int, Forked] = {}
@@ -168,12 +177,11 @@ class Zygote:
             return False
         if theirs == self.environment:
             return True
-        ours = self.environment
-        if self.imported is None or {k: v for k, v in theirs.items() if k not in SEARCH_PATH} != \
-                {k: v for k, v in ours.items() if k not in SEARCH_PATH} or "HARNESS_SYS_PATH" not in theirs.keys() & ours:
+        path = _search_path(theirs)
+        if self.found is None or path is None or _apart_from_search_path(theirs) != \
+                _apart_from_search_path(self.environment):
             return False
-        path, own = json.loads(theirs["HARNESS_SYS_PATH"]), json.loads(ours["HARNESS_SYS_PATH"])
-        return all(_found_at(name, path) == _found_at(name, own) for name in self.imported)
+        return all(_found_at(name, path) == where for name, where in self.found.items())
 
     def live_children(self) -> int:
         with self._lock:
@@ -200,7 +208,8 @@ class Zygote:
     def _note(self, message: dict) -> None:
         with self._lock:
             if "imported" in message:
-                self.imported = message["imported"]
+                own = _search_path(self.environment)
+                self.found = None if own is None else {name: _found_at(name, own) for name in message["imported"]}
             elif "started" in message:
                 child = self._waiting.pop(0)
                 self._children[message["started"]] = child

@@ -76,10 +76,15 @@ def refuse_if_held(files: dict[str, str | None], folders: dict[str, str | None])
         finally:
             os.close(fd)
     if held:
-        raise InUse(" and ".join(f"{flag} {output}" for flag, output, _ in held)
-                    + f" {'is' if len(held) == 1 else 'are'} in use by another run (pid "
-                    + ", ".join(dict.fromkeys(holder for _, _, holder in held)) + "); wait for it to end or pass "
-                    + " and ".join(f"another {flag}" for flag, _, _ in held), held[0][2])
+        raise _in_use(held)
+
+
+def _in_use(held: list[tuple[str, Path, str]]) -> InUse:
+    """The refusal of the (flag, output, holder's pid) held by live runs, in one line."""
+    return InUse(" and ".join(f"{flag} {output}" for flag, output, _ in held)
+                 + f" {'is' if len(held) == 1 else 'are'} in use by another run (pid "
+                 + ", ".join(dict.fromkeys(holder for _, _, holder in held)) + "); wait for it to end or pass "
+                 + " and ".join(f"another {flag}" for flag, _, _ in held), held[0][2])
 
 
 def _locks(files: dict[str, str | None], folders: dict[str, str | None]) -> Iterator[tuple[str, Path, Path]]:
@@ -95,9 +100,7 @@ def _take(fd: int, flag: str, output: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _holder(fd)
-        raise InUse(f"{flag} {output} is in use by another run (pid {holder}); wait for it to end or pass another "
-                    f"{flag}", holder) from None
+        raise _in_use([(flag, output, _holder(fd))]) from None
 
 
 @contextlib.contextmanager

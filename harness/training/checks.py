@@ -381,8 +381,8 @@ def check_outer(config: TrainConfig) -> None:
     given = [f"--{name.replace('_', '-')}" for name in _given(config, "outer_optimizer", "outer_lr", "outer_momentum",
                                                               "fragments", "outer_delay", "outer_dtype")]
     if given and config.mode not in ("param", "async"):
-        raise ConfigError(f"{', '.join(given)} {'set' if len(given) > 1 else 'sets'} what --mode param (or async) does every --avg-every updates; add "
-                          "--mode param or drop them")
+        raise ConfigError(f"{', '.join(given)} {'set' if len(given) > 1 else 'sets'} what --mode param (or async) "
+                          "does every --avg-every updates; add --mode param or drop them")
     if config.avg_optimizer_state and config.mode != "async" and (config.mode != "param" or config.outer):
         raise ConfigError("--avg-optimizer-state averages the optimizer's state with the parameters, in plain averaging "
                           + ("(--mode param); add --mode param or drop it" if config.mode != "param" else

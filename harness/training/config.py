@@ -192,8 +192,8 @@ class TrainConfig:
         """The config to continue the run saved at ``resume``: the saved run's fields (model, data,
         optimizer, schedule, length, ...) with ``changes`` over them; what ``resolve`` decides and the
         loader count (this machine's) are decided again. ``epochs`` without ``max_steps`` lengthens a run
-        that was given --max-steps (which would override it) to that many epochs. A change that a resume cannot take is
-        refused by the checks (harness/training/checks.py), naming it."""
+        that was given --max-steps (which would override it) to that many epochs. A change that a resume cannot
+        take is refused by the checks (harness/training/checks.py), naming it."""
         from harness.resilience.saved_config import CheckpointError, read_config
         try:
             saved = cls.from_dict(read_config(resume))

@@ -114,9 +114,8 @@ def run_batch(config: TrainConfig, model: Any, batch: Batch, device: torch.devic
     operation without a meta kernel: nothing can be said then), else (None, what it raised and where). Autograd
     records it, so a loss that no trainable parameter reaches is found too, and keeps none of its activations
     (what a backward would need is dropped as it is saved: no backward runs)."""
-    if not any(True for _ in model.parameters()):
-        return None, Problem("the model has no parameters at all",
-                             "gradient")
+    if next(model.parameters(), None) is None:
+        return None, Problem("the model has no parameters at all", "gradient")
     if not any(p.requires_grad for p in model.parameters()):
         return None, Problem("none of the model's parameters requires grad; unfreeze some (requires_grad=True)",
                              "gradient")
