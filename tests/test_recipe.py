@@ -88,9 +88,11 @@ def test_workers_times_micro_batches_equal_one_large_batch_bucketed_flat_and_com
 
 @COMPILED
 def test_a_compiled_model_in_param_mode_trains_and_validates_as_the_eager_one(tmp_path):
-    """--compile compiles the step and, in a graph of its own, validation: both end where eager ones do."""
-    common = ["--max-steps", "30", "--mode", "param", "--avg-every", "3", "--batch-size", "8", "--seed", "1",
-              "--validate-every", "15"]
+    """--compile compiles the step and, in a graph of its own, validation: both end where eager ones do. With
+    micro-batches, and in param mode's autograd gradients, the compiled step adds them up in its backward
+    (harness/training/accumulation.py) and the eager one in autograd's: the sums agree."""
+    common = ["--max-steps", "30", "--mode", "param", "--avg-every", "3", "--batch-size", "4", "--grad-accum", "2",
+              "--seed", "1", "--validate-every", "15"]
     _, eager = run_train(tmp_path, *common, name="eager")
     _, compiled = run_train(tmp_path, *common, "--compile", name="compiled")
     assert (flat_params(compiled) - flat_params(eager)).norm() <= 1e-5 * flat_params(eager).norm()

@@ -95,6 +95,13 @@ def flat_gradients(config: TrainConfig, world: int) -> bool:
     return averaged and config.zero < 2
 
 
+def fused_accumulation(config: TrainConfig, flat: FlatParameters) -> bool:
+    """Whether the micro-batches' gradients add up inside the compiled backward (harness/training/accumulation.py):
+    compiled, more than one micro-batch an update, autograd's own gradients (not flat buffers), and no --zero 2,
+    whose hooks reduce-scatter each micro-batch's gradient and so must see it alone."""
+    return config.compile and config.grad_accum > 1 and not flat.flatten_grads and config.zero == 0
+
+
 def make_synchroniser(config: TrainConfig, comm: Any, flat: FlatParameters,
                       optimizer: torch.optim.Optimizer, shards: ShardLayout | None = None,
                       report: Callable[[dict], None] | None = None, replica: Replica | None = None,

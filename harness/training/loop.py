@@ -41,8 +41,9 @@ from harness.resilience.checkpoint import load_checkpoint
 from harness.resilience.heal import Ticket, Where
 from harness.resilience.interrupt import StopVote
 from harness.resilience.saver import BackgroundSaver
-from harness.training.build import (autocast, flat_gradients, load_data, make_batches, make_model, make_optimizer,
-                                    make_synchroniser, model_loss, model_output_loss)
+from harness.training.accumulation import FusedAccumulation
+from harness.training.build import (autocast, flat_gradients, fused_accumulation, load_data, make_batches, make_model,
+                                    make_optimizer, make_synchroniser, model_loss, model_output_loss)
 from harness.training.config import TrainConfig
 from harness.training.epoch_loss import NOTHING_YET, EpochLoss
 from harness.training.losses import make_loss
@@ -183,6 +184,8 @@ class Worker(Saving, Healing):
             compiler.join()
         self.compute, self.forward = (torch.compile(compute), torch.compile(forward)) if config.compile else \
             (compute, forward)
+        if fused_accumulation(config, self.flat):       # the micro-batches' adds inside the compiled backward
+            self.compute = FusedAccumulation(self.model, loss)
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """This rank's optimizer, and its replica's (--zero, healing in place)."""
