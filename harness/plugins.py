@@ -3,6 +3,7 @@ factories imported at their first call; a child's preloads imported ahead of its
 from __future__ import annotations
 
 import contextlib
+import difflib
 import gc
 import importlib
 import importlib.util
@@ -56,11 +57,24 @@ def check_call(factory: Callable[..., Any], what: str, signature: str, *args: An
     these arguments: a factory of the wrong shape otherwise failed with Python's bare "takes 0 positional
     arguments but 2 were given", which names neither. One without a signature to read is left to its call."""
     try:
-        inspect.signature(factory).bind(*args, **kwargs)
-    except TypeError as e:
-        raise ValueError(f"{what} cannot be called as {signature}: {e}") from None
+        shape = inspect.signature(factory)
     except ValueError:
-        pass
+        return
+    try:
+        shape.bind(*args, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"{what} cannot be called as {signature}: {e}{_closest_option(kwargs, shape.parameters)}") \
+            from None
+
+
+def _closest_option(kwargs: dict[str, Any], taken: Iterable[str]) -> str:
+    """' (did you mean 'width'?)' where an option the factory does not take is close to one it does."""
+    for key in kwargs:
+        if key not in taken:
+            close = difflib.get_close_matches(key, list(taken), n=1)
+            if close:
+                return f" (did you mean {close[0]!r}?)"
+    return ""
 
 
 def _no_callable(module: Any, attr: str, signature: str) -> str:

@@ -161,6 +161,25 @@ def test_a_config_built_in_python_with_a_value_of_another_type_or_off_its_choice
     assert str(refused.value) == said
 
 
+def test_a_config_field_that_does_not_exist_is_refused_with_the_closest_one():
+    """Python's own TypeError ("unexpected keyword argument") named no field that exists."""
+    for make in (lambda: TrainConfig(lr_schedul="cosine"), lambda: TrainConfig().replace(epoch=3)):
+        with pytest.raises(ConfigError) as refused:
+            make()
+        assert str(refused.value).startswith("TrainConfig has no field ")
+    assert "'epoch' (did you mean 'epochs'?); its fields are Train.py's flags" in str(refused.value)
+    with pytest.raises(ConfigError, match="has no field 'zebra_stripes'; its fields"):
+        TrainConfig(zebra_stripes=True)
+
+
+def test_max_steps_given_with_epochs_says_which_one_ends_the_run(capsys):
+    assert Train.parse_args(["--epochs", "3", "--max-steps", "5"]).max_steps == 5
+    assert "note: --max-steps 5 overrides --epochs 3: the run ends after 5 updates" in capsys.readouterr().err
+    Train.parse_args(["--max-steps", "5"])
+    Train.parse_args(["--epochs", "3"])
+    assert "note" not in capsys.readouterr().err
+
+
 def test_a_model_option_of_the_wrong_kind_names_the_flags_it_came_from(monkeypatch, capsys):
     line = train_error("--model-options", '{"hidden": 32}', monkeypatch=monkeypatch, capsys=capsys)
     assert line.startswith("Train.py: error: --model mlp --model-options '{\"hidden\": 32}': "), line
@@ -300,6 +319,9 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
     (["--dataset", "tests.helpers.user_code:regression", "--dataset-options", '{"size": 3}'], "--dataset "
      "tests.helpers.user_code:regression cannot be called as factory(split, data_dir, **options): got an unexpected "
      "keyword argument 'size'"),
+    (["--model", "tests.helpers.user_code:widened", "--model-options", '{"widht": 8}'], "--model "
+     "tests.helpers.user_code:widened cannot be called as factory(info, **options): got an unexpected keyword "
+     "argument 'widht' (did you mean 'width'?)"),
     (["--dataset", "tests.helpers.user_code:varying_lengths"], "--dataset tests.helpers.user_code:varying_lengths: its "
      "samples differ in shape, so they do not stack into a batch (stack expects each tensor to be equal size"),
     (["--dataset", "tests.helpers.user_code:one_hot"], "its targets are floats, and the default loss is cross-entropy "

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,3 +224,22 @@ class TrainConfig:
             if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
                 raise ConfigError(f"TrainConfig {f.name}={value!r} is {type(value).__name__}, not {' or '.join(names)}"
                                   + _how_to_give(f.name, value, names))
+
+
+def _refuse_unknown_fields(init: Callable[..., None]) -> Callable[..., None]:
+    """``TrainConfig(lr_shedule=...)`` (and ``replace``, ``resuming``) as a ConfigError naming the closest field,
+    not Python's TypeError "unexpected keyword argument", which names no field that exists."""
+    @functools.wraps(init)
+    def checked(self: TrainConfig, *args: Any, **values: Any) -> None:
+        names = [f.name for f in dataclasses.fields(TrainConfig)]
+        for key in values:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                guess = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"TrainConfig has no field {key!r}{guess}; its fields are Train.py's flags with '_' "
+                                  "for '-' (python Train.py --help)")
+        init(self, *args, **values)
+    return checked
+
+
+TrainConfig.__init__ = _refuse_unknown_fields(TrainConfig.__init__)

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import sys
 from typing import Any, Callable
 
 from harness.launch.cluster import CHOICES as CLUSTER_CHOICES
@@ -241,9 +242,12 @@ def parse(argv: list[str] | None, description: str) -> TrainConfig:
     gives the defaults, and only the flags on the command line change it (nanoGPT's init_from='resume'
     for the whole run)."""
     args = make_parser(description).parse_args(argv)
+    given = _values(vars(make_parser(description, defaults=False).parse_args(argv)))
+    if given.get("max_steps") and "epochs" in given:
+        print(f"Train.py: note: --max-steps {given['max_steps']} overrides --epochs {given['epochs']}: the run ends "
+              f"after {given['max_steps']} updates", file=sys.stderr)
     if args.resume is None:
         return TrainConfig(**_values(vars(args)))
-    given = _values(vars(make_parser(description, defaults=False).parse_args(argv)))
     return TrainConfig.resuming(**given)
 
 

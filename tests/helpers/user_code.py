@@ -186,6 +186,11 @@ def noted(info) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, info.num_classes))
 
 
+def widened(info, width: int = 16) -> torch.nn.Module:
+    """A factory with an option of its own."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, width), torch.nn.Linear(width, info.num_classes))
+
+
 def reads_a_value(info) -> torch.nn.Module:
     """Scales its weights by a number it reads as it is built (``.item()``), as a factory that loads weights
     does: the meta device cannot build it."""
