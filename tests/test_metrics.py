@@ -4,7 +4,7 @@ import torch
 
 from harness.training.config import TrainConfig
 from harness.training.metrics import MetricsLog, curves, plot_metrics, read_metrics
-from harness.training.progress import Progress
+from harness.training.progress import Lines, Progress
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -104,3 +104,24 @@ def test_a_validation_is_said_once_on_the_epoch_s_line_or_in_async_mode_on_its_o
     assert lines == (["Update 20: validation error 25.00%", "Epoch 1/10: average loss per sample 2.0000 (0.5 s)"]
                      if mode == "async" else
                      ["Epoch 1/10: average loss per sample 2.0000, validation error 25.00% (0.5 s)"])
+
+
+def test_off_a_terminal_progress_is_a_line_now_and_then_not_a_bar_redrawn_at_every_report(tmp_path, capsys):
+    """A log file or a batch job's output (stderr here is pytest's capture, not a terminal): tqdm redrew its bar at
+    every report and again after every epoch line, filling the file."""
+    with MetricsLog(tmp_path) as log:
+        progress = Progress(TrainConfig(), 20, log)
+        for step in range(1, 41):
+            progress.handle({"event": "step", "epoch": (step - 1) // 20, "step": step, "loss": 1.0 / step,
+                             "samples_per_s": 100.0})
+        progress.handle({"event": "epoch", "epoch": 2, "step": 40, "train_loss": 0.1, "seconds": 0.5, "lr": 0.05})
+        progress.close()
+    said = capsys.readouterr()
+    assert "\r" not in said.err + said.out
+    assert [line for line in said.err.splitlines() if line.startswith("update ")] == ["update 1/200"]
+    assert "Epoch 2/10: average loss per sample 0.1000 (0.5 s)" in said.out
+    lines = Lines(200, 0, every=0)
+    lines.set_description("epoch 1/10")
+    lines.set_postfix(loss="0.5000")
+    lines.update(3)
+    assert capsys.readouterr().err == "update 3/200: epoch 1/10, loss=0.5000\n"

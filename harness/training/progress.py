@@ -1,15 +1,20 @@
 """The parent's view of a run: a tqdm bar, Train.lua-style epoch lines, and the metrics log.
 
 Rank 0 sends records (harness/training/loop.py); every record goes to metrics.jsonl as it comes,
-and the ones a person watches (epochs, heals, restarts) are also printed above the bar.
+and the ones a person watches (epochs, heals, restarts) are also printed above the bar. Where stderr is
+not a terminal (a log file, a batch job's output) the bar is a line every ``LINE_EVERY`` seconds instead:
+tqdm's redraws, one at every report and another after every printed line, would fill the file.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
 from harness.training.config import TrainConfig
 from harness.training.metrics import MetricsLog
+
+LINE_EVERY = 30.0       # seconds between progress lines where stderr is not a terminal
 
 
 class Progress:
@@ -54,7 +59,8 @@ class Progress:
         self.log.write({"time": time.time(), **record})
         if "step" in record:
             if self.bar is None:
-                self.bar = tqdm(total=self.total, initial=record["step"], unit="update", dynamic_ncols=True)
+                self.bar = tqdm(total=self.total, initial=record["step"], unit="update", dynamic_ncols=True) \
+                    if sys.stderr.isatty() else Lines(self.total, record["step"])
             self.bar.update(record["step"] - self.bar.n)
         if event == "step":
             self.bar.set_description(f"epoch {record['epoch'] + 1}/{self.epochs}")
@@ -84,6 +90,34 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class Lines:
+    """What the bar shows, as a line on stderr at the first update and then at most every ``every`` seconds (the
+    part of tqdm's interface that Progress uses)."""
+
+    def __init__(self, total: int, initial: int, every: float = LINE_EVERY):
+        self.total, self.n, self.every = total, initial, every
+        self.description, self.postfix, self.shown = "", "", -float("inf")
+
+    def update(self, count: int) -> None:
+        self.n += count
+        if time.monotonic() - self.shown >= self.every:
+            self.shown = time.monotonic()
+            said = ", ".join(part for part in (self.description, self.postfix) if part)
+            print(f"update {self.n}/{self.total}" + (f": {said}" if said else ""), file=sys.stderr, flush=True)
+
+    def set_description(self, text: str) -> None:
+        self.description = text
+
+    def set_postfix(self, **values: object) -> None:
+        self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
+
+    def set_postfix_str(self, text: str) -> None:
+        self.postfix = text
+
+    def close(self) -> None:
+        pass
 
 
 def validation_words(record: dict) -> str:

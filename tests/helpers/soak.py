@@ -137,7 +137,7 @@ def soak_run(work: Path, name: str, job: list[str], steps: int, kills: int, save
     found = records(work / name)
     return {**measure(found, signalled), "process_status": process.returncode, "hung": hung,
             "last_step": max((r["step"] for r in found if r["event"] in ("step", "first_step")), default=0),
-            "stderr_tail": [line for line in err.splitlines() if "update/s" not in line and line.strip()][-8:],
+            "stderr_tail": [line for line in err.splitlines() if line.strip() and not line.startswith("update ")][-8:],
             "orphans": len(orphans), "left": left, "signals": [s for _, s in signalled], "stderr": err}
 
 
