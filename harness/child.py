@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from .control import serve, timeline
 from .control.errors import PeerFailed
+from .control.prefixed import prefix_output
 
 __all__ = ["Context", "PeerFailed", "main"]
 
@@ -198,6 +199,7 @@ def main() -> None:
     endpoint = env["HARNESS_ENDPOINT"]
     ctx = Context(int(env["HARNESS_RANK"]), int(env["HARNESS_WORLD_SIZE"]), env.get("HARNESS_GPU") or None,
                   lambda server: serve.connect(server, endpoint, key))
+    prefix_output(lambda: ctx.rank)
     ctx._server.serve([m for m in env.pop("HARNESS_PRELOAD", "").split(",") if m])
     # Stopped, with every owned resource released and every message sent: skip the interpreter's
     # teardown of torch and CUDA (most of a second, which the parent would wait for).

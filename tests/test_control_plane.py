@@ -40,6 +40,29 @@ def test_issue_example(kids, capfd):
         assert f"[{r}] done go" in out
 
 
+def speaks(ctx):
+    import sys
+    import warnings
+    print(f"a print in rank {ctx.rank}'s code,", end=" ")
+    print("ended here\nand a second line")
+    warnings.warn("a warning", stacklevel=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def test_what_a_child_prints_itself_begins_each_line_with_its_rank(capfd):
+    """Not only ``ctx.print``: a print in the shipped code, and (as before) a warning on stderr, each once. A group
+    of its own: the module's was forked before capfd took the file descriptors its children write to."""
+    with Parent() as parent:
+        kids = parent.fork(3)
+        kids.exec(speaks)
+        kids.wait()
+    said = capfd.readouterr()
+    for r in range(3):
+        assert f"[{r}] a print in rank {r}'s code, ended here\n[{r}] and a second line\n" in said.out
+        assert re.search(rf"^\[{r}\] /.*UserWarning: a warning$", said.err, re.MULTILINE), said.err
+
+
 def test_context_fields(kids):
     kids.exec(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.gpu))
     assert kids.wait() == [(r, 3, "cpu", None) for r in range(3)]

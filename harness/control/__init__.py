@@ -9,13 +9,14 @@ What is not the fork-and-join API (harness/parent.py, harness/child.py) but make
 * ``mailbox``: what the children send, sorted for the group's verbs; exchanges meet there;
 * ``replace``: healing, a new child (the spare or a fresh one) in a dead rank's place;
 * ``serve``: a child's serve loop and the wire protocol; ``lifeline``: a child exits when its parent is gone;
+* ``prefixed``: a child's stdout, each line begun with its rank (the parent prefixes its stderr);
 * ``errors``: ChildError, ChildFailed (parent side) and PeerFailed (child side);
 * ``timeline``: start-up timelines.
 
 Never imports torch, CUDA or anything of training: the parent supervises without them, and a
 child's control plane must work before its first import of torch has finished.
 """
-from . import endpoint, errors, lifeline, link, mailbox, replace, serve, spawn, supervise, timeline, wire
+from . import endpoint, errors, lifeline, link, mailbox, prefixed, replace, serve, spawn, supervise, timeline, wire
 
-__all__ = ["endpoint", "errors", "lifeline", "link", "mailbox", "replace", "serve", "spawn", "supervise",
-           "timeline", "wire"]
+__all__ = ["endpoint", "errors", "lifeline", "link", "mailbox", "prefixed", "replace", "serve", "spawn",
+           "supervise", "timeline", "wire"]
