@@ -34,6 +34,8 @@ from .control.prefixed import prefix_output
 
 __all__ = ["Context", "PeerFailed", "main"]
 
+RECEIVE_HINT = 60.0         # seconds a ctx.receive() waits before it says what it waits for
+
 
 class Context:
     """A child's side of the API: ``rank``, ``world_size``, ``device``, ``yield_``, ``receive``,
@@ -82,8 +84,11 @@ class Context:
         return self._server.take("join")
 
     def receive(self) -> Any:
-        """The next object the parent sent to this child."""
-        return self._server.take("data")
+        """The next object the parent sent to this child. One that waits ``RECEIVE_HINT`` s says so, once, in
+        the parent's output: a parent that went on to ``wait()`` sends nothing more, and both would wait for ever."""
+        return self._server.take("data", RECEIVE_HINT, f"ctx.receive() has waited {RECEIVE_HINT:.0f} s for the parent "
+                                 "to send; the parent sends with send() or scatter(), and sends nothing more once it "
+                                 "waits in wait() or join()")
 
     def send(self, obj: Any) -> None:
         """Send ``obj`` to the parent; returns once its buffers have left this process."""

@@ -63,6 +63,26 @@ def test_what_a_child_prints_itself_begins_each_line_with_its_rank(capfd):
         assert re.search(rf"^\[{r}\] /.*UserWarning: a warning$", said.err, re.MULTILINE), said.err
 
 
+def receives_late(ctx):
+    import harness.child
+    harness.child.RECEIVE_HINT = 0.2
+    try:
+        return ctx.receive()
+    finally:
+        harness.child.RECEIVE_HINT = 60.0
+
+
+def test_a_receive_that_waits_long_says_what_it_waits_for_and_still_takes_what_comes(kids, capfd):
+    """A child in ctx.receive() while its parent waits in wait() waits for ever: the child says so in time."""
+    kids.exec(receives_late)
+    time.sleep(1.0)
+    kids.send("late")
+    assert kids.wait() == ["late"] * 3
+    out = capfd.readouterr().out
+    for r in range(3):
+        assert f"[{r}] ctx.receive() has waited 0 s for the parent to send; the parent sends with send()" in out
+
+
 def test_context_fields(kids):
     kids.exec(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.gpu))
     assert kids.wait() == [(r, 3, "cpu", None) for r in range(3)]

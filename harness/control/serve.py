@@ -90,13 +90,19 @@ class Server:
         if tracker is not None:
             tracker.wait()    # the caller may reuse the object's memory once this returns
 
-    def take(self, kind: str) -> Any:
-        """The next "data", "join" or "reply" from the parent; PeerFailed if the exec is aborted meanwhile."""
+    def take(self, kind: str, hint_after: float | None = None, hint: str = "") -> Any:
+        """The next "data", "join" or "reply" from the parent; PeerFailed if the exec is aborted meanwhile.
+        ``hint_after``: once nothing has come for that many seconds, ``hint`` goes to the parent's output (once)."""
         box = self.inbox[kind]
 
         def ready():
             self._check_abort()
             return (box.popleft(),) if box else None
+        if hint_after is not None:
+            got = self.link.wait_for(ready, deadline=time.monotonic() + hint_after)
+            if got is not None:
+                return got[0]
+            self.post("print", hint)
         return self.link.wait_for(ready)[0]
 
     def arrived(self, kind: str) -> bool:
