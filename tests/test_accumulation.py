@@ -66,7 +66,6 @@ def test_the_micro_batches_gradients_sum_as_autograds_own_accumulation_gives():
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
     # each micro-batch's backward handed over a new sum: nothing was added into the previous gradient in place
     assert all(a is not b for first, later in zip(seen, seen[1:]) for a, b in zip(first, later))
-    assert all(torch.count_nonzero(z) == 0 for z in fused.zeros)
 
 
 def test_a_step_of_micro_batches_on_it_trains_as_the_plain_step():

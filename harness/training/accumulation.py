@@ -16,8 +16,10 @@ warm start then traced GPT-2's backward again: the first update came 16 s later.
 traced into the graph like any other, and the graph is cached under the operator's name, so a change to
 ``_backward`` must come with a new name.
 
-The first micro-batch adds zeros kept for the purpose (one buffer a parameter, held for the run): every
-micro-batch then runs one compiled graph; a first micro-batch without the add would compile the model twice.
+The first micro-batch adds zeros, made for it at each update: every micro-batch then runs one compiled graph (a
+first micro-batch without the add would compile the model twice), and the zeros, gone once its backward has
+run, take the place the earlier gradients take in the later micro-batches, so the peak stays where it was.
+Kept for the run instead, they would hold a float32 copy of the model beside it for nothing but a memset.
 Only where the optimizer reads autograd's own gradients and no hook acts on each micro-batch's (a world of
 one, param and async mode): flat gradient buffers are views that the hooks all-reduce, and --zero 2
 reduce-scatters every micro-batch's gradient; both accumulate in place (build.fused_accumulation decides).
@@ -71,14 +73,13 @@ class FusedAccumulation:
     def __init__(self, model: torch.nn.Module, loss: Loss,
                  compile: Callable[[Callable], Callable] = torch.compile):
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.zeros = [torch.zeros_like(p) for p in self.params]
 
         def compute(batch: Batch, running: list[torch.Tensor]) -> torch.Tensor:
             return add_running(loss(call_model(model, batch), batch), self.params, running)
         self.compiled = compile(compute)
 
     def __call__(self, batch: Batch) -> torch.Tensor:
-        running = [z if p.grad is None else p.grad for p, z in zip(self.params, self.zeros)]
+        running = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         for p in self.params:
             p.grad = None
         return self.compiled(batch, running)
