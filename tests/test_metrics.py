@@ -118,10 +118,11 @@ def test_off_a_terminal_progress_is_a_line_now_and_then_not_a_bar_redrawn_at_eve
         progress.close()
     said = capsys.readouterr()
     assert "\r" not in said.err + said.out
-    assert [line for line in said.err.splitlines() if line.startswith("update ")] == ["update 1/200"]
+    assert [line for line in said.err.splitlines() if line.startswith("update ")] == [
+        "update 1/200: epoch 1/10, loss=1.0000, samples_s=100"]
     assert "Epoch 2/10: average loss per sample 0.1000 (0.5 s)" in said.out
     lines = Lines(200, 0, every=0)
+    lines.update(3)
     lines.set_description("epoch 1/10")
     lines.set_postfix(loss="0.5000")
-    lines.update(3)
     assert capsys.readouterr().err == "update 3/200: epoch 1/10, loss=0.5000\n"

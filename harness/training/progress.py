@@ -93,8 +93,8 @@ class Progress:
 
 
 class Lines:
-    """What the bar shows, as a line on stderr at the first update and then at most every ``every`` seconds (the
-    part of tqdm's interface that Progress uses)."""
+    """What the bar shows, as a line on stderr at the first report of the loss and then at most every ``every``
+    seconds (the part of tqdm's interface that Progress uses; a report sets the loss after the update count)."""
 
     def __init__(self, total: int, initial: int, every: float = LINE_EVERY):
         self.total, self.n, self.every = total, initial, every
@@ -102,16 +102,16 @@ class Lines:
 
     def update(self, count: int) -> None:
         self.n += count
-        if time.monotonic() - self.shown >= self.every:
-            self.shown = time.monotonic()
-            said = ", ".join(part for part in (self.description, self.postfix) if part)
-            print(f"update {self.n}/{self.total}" + (f": {said}" if said else ""), file=sys.stderr, flush=True)
 
     def set_description(self, text: str) -> None:
         self.description = text
 
     def set_postfix(self, **values: object) -> None:
         self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
+        if time.monotonic() - self.shown >= self.every:
+            self.shown = time.monotonic()
+            said = ", ".join(part for part in (self.description, self.postfix) if part)
+            print(f"update {self.n}/{self.total}: {said}", file=sys.stderr, flush=True)
 
     def set_postfix_str(self, text: str) -> None:
         self.postfix = text
