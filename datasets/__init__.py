@@ -10,7 +10,6 @@ imported (with torch) at their first call: the parent checks a dataset's name wi
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from harness.plugins import imported_on_call
+from harness.spelling import did_you_mean
 
 if TYPE_CHECKING:
     from .split import DataInfo, Split
@@ -108,9 +108,8 @@ def _refuse_unknown(name: str, loader: Callable[..., Any], options: dict[str, An
                                                                                           "val_fraction")]
     unknown = [key for key in options if key not in taken]
     if unknown:
-        near = difflib.get_close_matches(unknown[0], taken, n=1)
         raise DataError(f"--dataset-options: --dataset {name} has no option {unknown[0]!r}"
-                        + (f" (did you mean {near[0]!r}?)" if near else "")
+                        + did_you_mean(unknown[0], taken)
                         + (f"; its options: {', '.join(taken)}" if taken else "; it takes none"))
 
 

@@ -3,13 +3,14 @@ factories imported at their first call; a child's preloads imported ahead of its
 from __future__ import annotations
 
 import contextlib
-import difflib
 import gc
 import importlib
 import importlib.util
 import inspect
 import os
 from typing import Any, Callable, Iterable
+
+from harness.spelling import did_you_mean
 
 FIND_IT = "run from the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)"
 
@@ -70,10 +71,9 @@ def check_call(factory: Callable[..., Any], what: str, signature: str, *args: An
 def _closest_option(kwargs: dict[str, Any], taken: Iterable[str]) -> str:
     """' (did you mean 'width'?)' where an option the factory does not take is close to one it does."""
     for key in kwargs:
-        if key not in taken:
-            close = difflib.get_close_matches(key, list(taken), n=1)
-            if close:
-                return f" (did you mean {close[0]!r}?)"
+        guess = did_you_mean(key, taken) if key not in taken else ""
+        if guess:
+            return guess
     return ""
 
 

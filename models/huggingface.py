@@ -12,6 +12,8 @@ from typing import Any
 
 from torch import nn
 
+from harness.spelling import did_you_mean
+
 
 def hf_causal_lm(info: Any, model_type: str = "gpt2", **config: Any) -> nn.Module:
     try:
@@ -39,11 +41,10 @@ def _refuse_misspelled(default: Any, given: dict[str, Any]) -> None:
     ``n_layer``): a config takes any keyword and keeps it as an attribute, so a misspelled size would otherwise
     build the default model without a word. Other unknown keywords pass (transformers' own, such as
     ``attn_implementation``)."""
-    import difflib
     import inspect
     known = set(default.to_dict()) | set(getattr(type(default), "attribute_map", {})) | \
         set(inspect.signature(type(default).__init__).parameters)
     for name in given:
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8) if name not in known else []
-        if close:
-            raise ValueError(f"{type(default).__name__} has no option '{name}' (did you mean '{close[0]}'?)")
+        guess = did_you_mean(name, sorted(known), cutoff=0.8) if name not in known else ""
+        if guess:
+            raise ValueError(f"{type(default).__name__} has no option '{name}'{guess}")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.spelling import did_you_mean
 
 DEFAULT_SAVE = "checkpoints/model.pt"
 # What each annotation of TrainConfig's fields admits (an int where a float is due; never a bool for a number).
@@ -234,9 +235,7 @@ def _refuse_unknown_fields(init: Callable[..., None]) -> Callable[..., None]:
         names = [f.name for f in dataclasses.fields(TrainConfig)]
         for key in values:
             if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                guess = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"TrainConfig has no field {key!r}{guess}; its fields are Train.py's flags with '_' "
+                raise ConfigError(f"TrainConfig has no field {key!r}{did_you_mean(key, names)}; its fields are Train.py's flags with '_' "
                                   "for '-' (python Train.py --help)")
         init(self, *args, **values)
     return checked

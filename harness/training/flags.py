@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import sys
 from typing import Any, Callable
 
 from harness.launch.cluster import CHOICES as CLUSTER_CHOICES
 from harness.launch.launchers import LAUNCHERS
+from harness.spelling import did_you_mean
 from harness.training.config import DEFAULT_SAVE, ConfigError, TrainConfig
 from harness.training.optim import IMPLS, OPTIMIZERS
 from harness.training.schedule import SCHEDULES
@@ -283,6 +283,5 @@ def check_choices(config: TrainConfig) -> None:
         if action.choices is None or value is None or value in action.choices:
             continue
         offered = [str(choice) for choice in action.choices]
-        close = difflib.get_close_matches(str(value).lower(), offered, n=1)
         raise ConfigError(f"TrainConfig {action.dest}={value!r} is not one of {action.option_strings[0]}'s choices: "
-                          + ", ".join(offered) + (f" (did you mean {close[0]!r}?)" if close else ""))
+                          + ", ".join(offered) + did_you_mean(str(value).lower(), offered))
