@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -24,18 +25,32 @@ from tests.helpers.training import run_train, train_error
 
 
 def test_two_runs_started_together_on_one_output_one_trains_the_other_is_refused(tmp_path):
-    common = ["--epochs", "2", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
+    gate = tmp_path / "go"      # the winner waits at its first training forward, holding the lock, until the loser is done
+    common = ["--model", SLOW_MODEL, "--model-options", json.dumps({"delay": 0, "gate": str(gate)}),
+              "--max-steps", "6", "--save", str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs")]
     runs = [subprocess.Popen([sys.executable, *TRAIN_PY, *common], cwd=tmp_path, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    first = wait_for_exit(runs)
+    gate.touch()
     outcomes = [(run.pid, *run.communicate(timeout=240)) for run in runs]
-    codes = sorted(run.returncode for run in runs)
-    assert codes == [0, 2], outcomes
+    assert first.returncode == 2 and sorted(run.returncode for run in runs) == [0, 2], outcomes
     winner = next(pid for (pid, _, _), run in zip(outcomes, runs) if run.returncode == 0)
     refused = next(err for (_, _, err), run in zip(outcomes, runs) if run.returncode == 2).strip().splitlines()
     assert len(refused) == 1 and "in use" in refused[0] and f"(pid {winner})" in refused[0], refused
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records].count("workers") == 1      # one run's log, not two interleaved
-    assert load_checkpoint(tmp_path / "model.pt")["step"] == 2 * (1293 // 2 // 32)
+    assert load_checkpoint(tmp_path / "model.pt")["step"] == 6
+
+
+def wait_for_exit(runs: list[subprocess.Popen], timeout: float = 240) -> subprocess.Popen:
+    """The first of ``runs`` to exit (each of them would wait at the gate if both took the lock)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [run for run in runs if run.poll() is not None]
+        if done:
+            return done[0]
+        time.sleep(0.05)
+    raise AssertionError(f"neither run exited in {timeout} s: both passed the lock")
 
 
 def test_a_run_killed_outright_leaves_no_lock_behind(tmp_path, monkeypatch, capsys):

@@ -18,21 +18,28 @@ SPEC = f"{__name__}:model"
 FLAGS = ["--model", SPEC, "--model-options", '{"delay": 0.03}', "--batch-size", "8", "--cpu-workers", "3",
          "--max-steps", "60", "--heartbeat-timeout", "10"]
 HANG_FLAGS = ["--heartbeat-timeout", "3"]
+_trained_here = 0       # training forwards of this process, over all its models (see Slow's gate)
 
 
 class Slow(torch.nn.Linear):
     """``ballast``: that many floats of an unused buffer, which make its checkpoints slow to write; ``term_at``:
     at that training forward, SIGTERM to this process's group (Train.py and its workers, as Ctrl-C does);
-    ``kill_at``: at that training forward, SIGKILL to this worker alone."""
+    ``kill_at``: at that training forward, SIGKILL to this worker alone; ``gate``: a path that every training
+    forward of a process but its first waits for. Rank 0's first is its check of the inputs, which comes before a
+    run takes its outputs' lock: a run that took it holds it, training, until the test lets it go on."""
 
     def __init__(self, inputs: int, outputs: int, delay: float, ballast: int = 0, term_at: int | None = None,
-                 kill_at: int | None = None):
+                 kill_at: int | None = None, gate: str | None = None):
         super().__init__(inputs, outputs)
-        self.delay, self.term_at, self.kill_at, self.forwards = delay, term_at, kill_at, 0
+        self.delay, self.term_at, self.kill_at, self.gate, self.forwards = delay, term_at, kill_at, gate, 0
         if ballast:
             self.register_buffer("ballast", torch.zeros(ballast))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global _trained_here
+        _trained_here += self.training
+        while self.training and self.gate is not None and _trained_here > 1 and not os.path.exists(self.gate):
+            time.sleep(0.05)
         time.sleep(self.delay)
         self.forwards += self.training
         if self.training and self.forwards == self.term_at:
@@ -43,12 +50,13 @@ class Slow(torch.nn.Linear):
 
 
 def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, term_at: int | None = None,
-          kill: tuple[int, int] | None = None, die_once: str | None = None) -> Slow:
+          kill: tuple[int, int] | None = None, die_once: str | None = None, gate: str | None = None) -> Slow:
     """``rank``: only that worker is slow (a host of unequal speed, for --mode async); the others take no delay.
     ``term_at``: rank 0 sends the SIGTERM (see Slow). ``kill``: (rank, forward): that rank's first worker SIGKILLs
     itself at that training forward, a death at a known point of its run however loaded the machine is (its
     replacement, of a later generation, does not). ``die_once``: a path; the first process to build the model
-    (rank 0, checking the inputs) creates that file and SIGKILLs itself; the file there, builds go on."""
+    (rank 0, checking the inputs) creates that file and SIGKILLs itself; the file there, builds go on. ``gate``: see
+    Slow."""
     if die_once is not None and not os.path.exists(die_once):
         open(die_once, "x").close()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -56,4 +64,4 @@ def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, 
     slow = rank is None or mine is not None and int(mine) == rank
     first = os.environ.get("HARNESS_GENERATION", "0") == "0"
     kill_at = kill[1] if kill and mine == str(kill[0]) and first else None
-    return Slow(64, info.num_classes, delay if slow else 0.0, ballast, term_at if mine == "0" else None, kill_at)
+    return Slow(64, info.num_classes, delay if slow else 0.0, ballast, term_at if mine == "0" else None, kill_at, gate)
