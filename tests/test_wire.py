@@ -62,3 +62,19 @@ def test_parameters_stay_parameters():
     layer = wire.unpack(key, wire.pack(key, torch.nn.Linear(300, 300)))
     assert type(layer.weight) is torch.nn.Parameter and layer.weight.requires_grad
     layer.weight = torch.nn.Parameter(torch.zeros(300, 300))      # still assignable as a module parameter
+
+
+def test_a_function_sent_by_value_keeps_its_file_so_a_child_s_traceback_says_where_it_failed(tmp_path):
+    """A function of the user's script (not importable, so cloudpickle sends its code) fails in the child with the
+    script's path and line in its traceback, not cloudpickle's "<dynamic-code>"."""
+    script = tmp_path / "script.py"
+    script.write_text("def helper(x):\n    return 1 / x\n\ndef work(ctx):\n    return helper(0)\n")
+    namespace = {"__name__": "not_importable"}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    key = wire.new_key()
+    work = wire.unpack(key, wire.pack(key, namespace["work"]))
+    assert work is not namespace["work"]                  # a copy made from the code sent
+    with pytest.raises(ZeroDivisionError) as raised:
+        work(None)
+    frames = [(str(entry.path), entry.lineno + 1, entry.name) for entry in raised.traceback[1:]]
+    assert frames == [(str(script), 5, "work"), (str(script), 2, "helper")], frames

@@ -16,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import io
+import marshal
 import os
 import pickle
 import sys
+import types
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -98,6 +100,10 @@ class _Pickler(cloudpickle.Pickler):
         torch = sys.modules.get("torch")   # never import torch just to send a message
         if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
             return _reduce_tensor(obj)
+        if type(obj) is types.CodeType:
+            # cloudpickle names the file of code it sends by value "<dynamic-code>", so a child's traceback
+            # through the user's script would not say where; marshal keeps the file (both ends run one Python)
+            return marshal.loads, (marshal.dumps(obj),)
         return super().reducer_override(obj)
 
 
