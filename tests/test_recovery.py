@@ -60,6 +60,8 @@ def test_a_worker_killed_while_rank_0_checks_the_inputs_spends_a_restart_before_
     records = read_metrics(tmp_path / "logs" / "metrics.jsonl")
     assert [(r["event"], r["rank"], r["during"], r["cause"]) for r in records if r["event"] == "restart"] == [
         ("restart", 0, "checks", "was killed by signal SIGKILL")]
+    # logged once the run holds its log folder, as this run's (a plot draws a run's records from its "run" on)
+    assert [r["event"] for r in records][:2] == ["run", "restart"], records
     assert load_checkpoint(tmp_path / "model.pt")["step"] == 10
 
 

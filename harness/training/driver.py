@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from harness.control import timeline
 from harness.launch.cluster import detect
@@ -67,14 +67,14 @@ def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dic
         gpus, config = plan_workers(config, launcher)
         check_outputs(config)
         with contextlib.ExitStack() as outputs, contextlib.ExitStack() as group:
-            config, kids, restarts = checked_group(config, gpus, launcher, marks, group)
+            config, kids, failed = checked_group(config, gpus, launcher, marks, group)
             outputs.enter_context(own_outputs(config))      # once checked: a refused run makes no folder
             print(f"training {config.model} on {config.dataset} with {config.workers} workers on "
                   f"{where(config, gpus, kids, launcher)}, mode {config.mode}")
             timeline.mark(marks, "checked")
             if config.plot:
                 import_plotting_meanwhile()
-            results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher, restarts=restarts)
+            results = train(config, gpus, marks, interrupts, started=kids, launcher=launcher, failed_checks=failed)
         if agents is not None:        # the other nodes end as this one does
             agents.close(128 + results[0]["interrupted"] if results[0]["interrupted"] else 0)
         return results
@@ -100,12 +100,13 @@ def hosts_launcher(config: TrainConfig, agents: Launcher | None) -> Iterator[Lau
 
 
 def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | None, marks: dict,
-                  group: contextlib.ExitStack) -> tuple[TrainConfig, Children, int]:
+                  group: contextlib.ExitStack) -> tuple[TrainConfig, Children, list[dict]]:
     """A group of workers (entered into ``group``), the config checked (its flags here while the workers start,
-    the rest by their rank 0) and how many groups failed first. A worker that dies or hangs during the checks,
-    before anything trained, costs one of --max-restarts, as it would later (logged as a "restart" record
-    ``"during": "checks"``, never healed in place): a new group checks again."""
-    flags, used = None, 0
+    the rest by their rank 0) and the "restart" records of the groups that failed first. A worker that dies or
+    hangs during the checks, before anything trained, costs one of --max-restarts, as it would later (a "restart"
+    record ``"during": "checks"``, never healed in place): a new group checks again. The records wait for the
+    run's lock (``train`` logs them): until then the log folder may be another run's."""
+    flags, failed = None, []
     while True:
         with contextlib.ExitStack() as attempt:
             kids = attempt.enter_context(workers(config, gpus, launcher))
@@ -116,16 +117,14 @@ def checked_group(config: TrainConfig, gpus: list[int], launcher: Launcher | Non
             try:
                 checked = checked_by(kids, flags)
             except ChildFailed as failure:
-                used = spend(failure, used, config.max_restarts)
-                record = {**restart_record(failure, used, config.max_restarts, config.resume), "during": "checks",
-                          **({"not_healed": "it came while rank 0 checked the inputs"} if config.heal_in_place else {})}
-                log = MetricsLog(config.log_dir)
-                log.write({"time": time.time(), **record})
-                log.close()
-                print(describe_recovery(record))
+                used = spend(failure, len(failed), config.max_restarts)
+                failed.append({"time": time.time(), **restart_record(failure, used, config.max_restarts, config.resume),
+                               "during": "checks", **({"not_healed": "it came while rank 0 checked the inputs"}
+                                                      if config.heal_in_place else {})})
+                print(describe_recovery(failed[-1]))
                 continue
             group.enter_context(attempt.pop_all())
-            return checked, kids, used
+            return checked, kids, failed
 
 
 def checked_by(kids: Children, config: TrainConfig) -> TrainConfig:
@@ -219,15 +218,19 @@ def resumes(config: TrainConfig) -> str:
 
 
 def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, interrupts: Interrupts | None = None,
-          started: Children | None = None, launcher: Launcher | None = None, restarts: int = 0) -> list[dict]:
+          started: Children | None = None, launcher: Launcher | None = None,
+          failed_checks: Sequence[dict] = ()) -> list[dict]:
     """Train a checked config (``checks.check`` has filled in ``samples``) on ``started``, the workers
     already forked for it, or on a group forked here (by ``launcher``, the run's, if given); every
     restart forks a new group. ``marks``: the start-up timeline so far (by default it starts now, the
-    checks done). ``restarts``: how many of --max-restarts groups that failed during the checks spent."""
+    checks done). ``failed_checks``: the "restart" records of groups that failed during the checks, each of which
+    spent one of --max-restarts (``checked_group``)."""
     marks = marks if marks is not None else timeline.start("checked")
     steps_per_epoch = config.steps_per_epoch()
     log = MetricsLog(config.log_dir, tensorboard=config.tensorboard)
     announce(config, log)
+    for record in failed_checks:
+        log.write(record)
     start = launcher.cluster if launcher is not None and launcher.cluster else detect(os.environ, config.cluster)
     if start is not None:       # plan_workers checked it (and resumed after the engine's restart)
         print(start.describe() + (resumes(config) if start.restart_count else ""))
@@ -235,7 +238,7 @@ def train(config: TrainConfig, gpus: list[int], marks: dict | None = None, inter
     progress = Progress(config, steps_per_epoch, log)
     recovery = Recovery(config.max_restarts, config.heal_in_place, config.resume, lambda: progress.saved,
                         progress.handle, stopping=lambda: interrupts.signum if interrupts is not None else None,
-                        used=restarts)
+                        used=len(failed_checks))
     first = iter([started] if started is not None else [])    # a failed group is stopped for good
 
     def attempt(resume: str | None) -> list[dict]:
