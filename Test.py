@@ -12,13 +12,14 @@ import sys
 
 from harness import ChildError, ChildFailed
 from harness.checkout.datasets import FOLDERLESS
+from harness.cli import OneLineParser
 from harness.launch.placement import resolve_gpus
 from harness.plugins import find_in_working_folder, unimportable
 from harness.training.config import DEFAULT_SAVE, TrainConfig, rebased
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--checkpoint", default=DEFAULT_SAVE, help=f"default {DEFAULT_SAVE} (Train.py's default)")
     p.add_argument("--data-dir", default=None, help="override the data directory saved in the checkpoint")

@@ -79,6 +79,12 @@ def is_known(name: str) -> bool:
     return name in DATASETS or name in STREAMED or ":" in name
 
 
+def unknown(name: str) -> str:
+    """Why ``name`` names no dataset, with the closest that it may have meant."""
+    return (f"unknown dataset '{name}'{did_you_mean(name, dataset_names())}; valid names: "
+            f"{', '.join(dataset_names())}, or package.module:factory")
+
+
 def holds_out(name: str, data_dir: str | None) -> bool:
     """Whether ``val_fraction`` decides the validation split: in-memory datasets and an image folder without
     val/ hold part of train out; tokens validate on val.bin, an image folder on its val/, a factory on its own
@@ -91,7 +97,7 @@ def holds_out(name: str, data_dir: str | None) -> bool:
 def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **options) -> tuple[Split, Split]:
     """Load the in-memory dataset `name`; options go to its loader (e.g. synthetic's shape, size, tokens)."""
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}")
+        raise ValueError(unknown(name))
     _refuse_unknown(name, DATASETS[name], options)
     return DATASETS[name](data_dir, seed, **options)
 
@@ -131,8 +137,7 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
         from .custom import open_custom
         train, val = open_custom(name, data_dir, seed, **options)
     else:
-        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(dataset_names())}, "
-                         "or package.module:factory")
+        raise ValueError(unknown(name))
     return Data(train, val, val)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harness.plugins import check_call, import_factory, imported_on_call
+from harness.spelling import did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -39,10 +40,13 @@ def build_model(name: str, info, **options) -> torch.nn.Module:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
         return model
-    raise ValueError(
-        f"unknown model '{name}'; valid names: {', '.join(model_names())}, "
-        f"or 'package.module:factory' for a factory(info, **options) of your own"
-    )
+    raise ValueError(unknown(name))
+
+
+def unknown(name: str) -> str:
+    """Why ``name`` names no model, with the closest that it may have meant."""
+    return (f"unknown model '{name}'{did_you_mean(name, MODELS)}; valid names: {', '.join(model_names())}, "
+            f"or 'package.module:factory' for a factory(info, **options) of your own")
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

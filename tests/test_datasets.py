@@ -19,7 +19,8 @@ def test_registry_lists_all_datasets():
 
 
 def test_unknown_dataset_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown dataset 'imagenet'; valid names: cifar10, digits"):
+    with pytest.raises(ValueError, match=r"unknown dataset 'imagenet' \(did you mean 'imagefolder'\?\); valid names: "
+                                         r"cifar10, digits"):
         load_dataset("imagenet")
 
 

@@ -386,6 +386,25 @@ def test_a_hostfile_line_that_is_not_a_host_is_refused_with_its_number(tmp_path)
     assert result.returncode == 2 and "line 3" in result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("script, flags, line", [
+    ("Train.py", ["--modle", "mlp"], "Train.py: error: unrecognized arguments: --modle mlp (did you mean '--model'?); "
+                                     "see Train.py --help"),
+    ("Train.py", ["--lrr=0.1"], "Train.py: error: unrecognized arguments: --lrr=0.1 (did you mean '--lr'?); "
+                                "see Train.py --help"),
+    ("Train.py", ["--optimizer", "Adamw"], "Train.py: error: argument --optimizer: invalid choice: 'Adamw' (choose "
+                                           "from 'sgd', 'adam', 'adamw', 'adagrad', 'adadelta', 'ccnesterov') (did "
+                                           "you mean 'adamw'?); see Train.py --help"),
+    ("Train.py", ["--dataset", "digit"], "Train.py: error: unknown dataset 'digit' (did you mean 'digits'?); valid "
+                                         "names: cifar10, digits, imagefolder, mnist, oddeven, synthetic, tokens, or "
+                                         "package.module:factory"),
+    ("Test.py", ["--chekpoint", "m.pt"], "Test.py: error: unrecognized arguments: --chekpoint m.pt (did you mean "
+                                         "'--checkpoint'?); see Test.py --help")])
+def test_a_mistyped_flag_or_name_is_one_line_naming_the_closest(script, flags, line, tmp_path):
+    """argparse's usage block (36 lines for Train.py) is left out: the line names the flag or name meant."""
+    result = cli(script, *flags, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == line, result.stderr
+
+
 @pytest.mark.parametrize("script, flag", [("Train.py", "--work"), ("Test.py", "--check")])
 def test_abbreviated_flags_are_not_taken_for_longer_ones(script, flag, tmp_path):
     result = cli(script, flag, "1", cwd=tmp_path)

@@ -148,7 +148,8 @@ def test_target_error_stops_early(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--model", "transformerx"], "unknown model 'transformerx'; valid names: cnn, gpt, hf-causal-lm, mlp"),
-    (["--dataset", "imagenet"], "unknown dataset 'imagenet'; valid names: cifar10, digits"),
+    (["--dataset", "imagenet"], "unknown dataset 'imagenet' (did you mean 'imagefolder'?); valid names: cifar10, "
+                                "digits"),
     (["--batch-size", "5000"], "larger than a worker's shard"),
     (["--gpus", "0,1"], "GPU 0 requested but 0 GPU"),
     (["--resume", "/nonexistent/model.pt"], "/nonexistent/model.pt"),

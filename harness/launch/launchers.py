@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harness import checkout
+from harness.spelling import did_you_mean
 
 from . import session, zygote
 from .remote import RemoteChild
@@ -206,7 +207,8 @@ def remote_environment(env: Mapping[str, str]) -> dict[str, str]:
 def make_launcher(name: str, hosts: str | None = None, hostfile: str | None = None) -> Launcher:
     """The launcher Train.py's ``--launcher``, ``--hosts`` and ``--hostfile`` name."""
     if name not in LAUNCHERS:
-        raise ValueError(f"unknown launcher '{name}'; valid names: {', '.join(LAUNCHERS)}")
+        raise ValueError(f"unknown launcher '{name}'{did_you_mean(name, LAUNCHERS)}; valid names: "
+                         f"{', '.join(LAUNCHERS)}")
     if name == "ssh":
         if bool(hosts) == bool(hostfile):
             raise ValueError("--launcher ssh needs the hosts: --hosts node1:8,node2:8 or --hostfile PATH (one of them)")

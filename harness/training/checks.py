@@ -233,14 +233,11 @@ def _check_writable(config: TrainConfig) -> None:
 def check_flags(config: TrainConfig, gpus: list[int]) -> TrainConfig:
     """Each field's own rule (RULES), then the rules across fields (fast: no data is read, and no torch
     imported). Returns the config with ``momentum`` and ``cuda_graph`` decided."""
-    from harness.checkout.datasets import dataset_names, is_known
-    from harness.checkout.models import MODELS
-    if not is_known(config.dataset):
-        raise ConfigError(f"unknown dataset '{config.dataset}'; valid names: {', '.join(dataset_names())}, "
-                          "or package.module:factory")
-    if config.model not in MODELS and ":" not in config.model:
-        raise ConfigError(f"unknown model '{config.model}'; valid names: {', '.join(sorted(MODELS))}, "
-                          "or package.module:factory")
+    from harness.checkout import datasets, models
+    if not datasets.is_known(config.dataset):
+        raise ConfigError(datasets.unknown(config.dataset))
+    if config.model not in models.MODELS and ":" not in config.model:
+        raise ConfigError(models.unknown(config.model))
     if config.loss is not None:
         from harness.plugins import check_findable
         try:

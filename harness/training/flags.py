@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from harness.launch.cluster import CHOICES as CLUSTER_CHOICES
 from harness.launch.launchers import LAUNCHERS
+from harness.cli import OneLineParser
 from harness.spelling import did_you_mean
 from harness.training.config import DEFAULT_SAVE, ConfigError, TrainConfig
 from harness.training.optim import IMPLS, OPTIMIZERS
@@ -228,7 +229,7 @@ GROUPS = (("model and data", _model_and_data), ("workers and placement", _worker
 def make_parser(description: str, defaults: bool = True) -> argparse.ArgumentParser:
     """Train.py's parser; ``defaults=False``: flags not given are left out of the result (what a
     ``--resume`` run changes of its checkpoint's configuration)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = OneLineParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False, argument_default=None if defaults else argparse.SUPPRESS)
     if defaults:
         parser.set_defaults(**{f.name: getattr(DEFAULTS, f.name) for f in dataclasses.fields(TrainConfig)})

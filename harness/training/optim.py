@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from harness.spelling import did_you_mean
+
 if TYPE_CHECKING:
     import torch
 
@@ -57,9 +59,11 @@ def check_options(name: str, lr: float, momentum: float = 0.0, weight_decay: flo
     """What build_optimizer refuses, without building one: the first optimizer a process builds
     imports torch._dynamo (about 1.8 s), which a parent that only checks the flags need not pay."""
     if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer '{name}'; valid names: {', '.join(OPTIMIZERS)}")
+        raise ValueError(f"unknown optimizer '{name}'{did_you_mean(name, OPTIMIZERS)}; valid names: "
+                         f"{', '.join(OPTIMIZERS)}")
     if impl is not None and impl not in IMPLS:
-        raise ValueError(f"unknown optimizer implementation '{impl}'; valid names: {', '.join(IMPLS)}")
+        raise ValueError(f"unknown optimizer implementation '{impl}'{did_you_mean(impl, IMPLS)}; valid names: "
+                         f"{', '.join(IMPLS)}")
     if impl == "fused" and name not in FUSED:
         raise ValueError(f"torch has no fused {name}; fused optimizers: {', '.join(FUSED)} (or drop "
                          "--optimizer-impl for the fastest implementation there is)")
