@@ -28,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 
-from tests.helpers.soak import soak
+from tests.helpers.soak import faults, soak
 
 
 def main() -> None:
+    """Exits 1, naming each failed run and why (``faults``), where a run did not heal to the uninterrupted end."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--kills", type=int, default=10, help="signals per run")
@@ -61,6 +63,9 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as f:
                 f.write(line + "\n")
+    failed = [f"run {n}: {'; '.join(faults(row))}" for n, row in enumerate(rows, 1) if faults(row)]
+    if failed:
+        sys.exit("soak_heal: failed: " + " | ".join(failed))
 
 
 if __name__ == "__main__":

@@ -219,6 +219,18 @@ def row(result: dict, saved: Path, expected: dict, steps: int, about: dict) -> d
             "causes": result["causes"], "stderr_tail": result["stderr_tail"]}
 
 
+def faults(row: dict) -> list[str]:
+    """What makes a soaked run's ``row`` a failure of healing: it did not end where the uninterrupted run does,
+    or it hung, or it left processes behind."""
+    found = [] if row["exit_status"] == 0 else [f"Train.py exited {row['exit_status']}"]
+    found += [] if row["finished"] else [f"it ended at update {row['last_step']}, not at the last"]
+    found += ["it hung"] if row["hung"] else []
+    found += [f"{row['orphans']} processes left"] if row["orphans"] else []
+    diff = row["max_abs_diff_vs_uninterrupted"]
+    found += [f"its parameters differ from the uninterrupted run's by {diff}"] if diff not in (0.0, None) else []
+    return found
+
+
 def soak(runs: int, kills: int, steps: int = 400, workers_n: int = 3, seed: int = 0, gpus: str | None = None,
          train_flags: list[str] | None = None, save_every: int = 50,
          signals: tuple[str, ...] = ("SIGKILL", "SIGSTOP"), stderr_to: Path | None = None,
