@@ -101,6 +101,20 @@ def test_resuming_keeps_this_runs_implementation():
     assert all(s["step"].dtype == torch.float32 and s["step"].item() == 2 for s in opt.state.values())
 
 
+def test_resuming_with_other_optimizer_flags_trains_with_them_and_keeps_the_saved_momentum():
+    """--resume with --lr, --momentum, --weight-decay or --nesterov changed: the run's values, not the saved ones
+    (torch's load_state_dict takes every group setting from the checkpoint)."""
+    param = torch.nn.Parameter(torch.ones(3))
+    saved = build_optimizer("sgd", [param], lr=0.05, momentum=0.9, weight_decay=0.0)
+    param.grad = torch.ones(3)
+    saved.step()
+    resumed = build_optimizer("sgd", [param], lr=0.5, momentum=0.5, weight_decay=0.1, nesterov=True)
+    load_optimizer_state(resumed, saved.state_dict())
+    group = resumed.param_groups[0]
+    assert (group["lr"], group["momentum"], group["weight_decay"], group["nesterov"]) == (0.5, 0.5, 0.1, True)
+    assert torch.equal(resumed.state[param]["momentum_buffer"], torch.ones(3))     # the state is the saved one
+
+
 def test_ccnesterov_matches_hand_computed_steps():
     lam1 = 1.0  # from lambda_0 = 0
     lam2 = (1 + math.sqrt(1 + 4 * lam1**2)) / 2

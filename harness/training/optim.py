@@ -81,25 +81,27 @@ def check_options(name: str, lr: float, momentum: float = 0.0, weight_decay: flo
         raise ValueError(f"nesterov needs momentum > 0, got momentum={momentum}; set momentum (e.g. 0.9)")
 
 
+# What a resumed run's optimizer keeps of its own groups over the checkpoint's: the implementation, and what
+# Train.py's flags set (a --resume may change them; the lr is the device tensor a graph reads where it is one).
+THIS_RUNS = ("foreach", "fused", "capturable", "lr", "momentum", "weight_decay", "nesterov")
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """``optimizer.load_state_dict(saved)``, keeping this run's implementation. torch takes every group
-    setting from the saved state, so a checkpoint written by a foreach run would resume as foreach
-    whatever --optimizer-impl says; and a fused or capturable update wants its step count on the
-    parameters' device, in float32, where a CPU-written checkpoint has it on the host. Host tensors are
+    """``optimizer.load_state_dict(saved)``, keeping this run's implementation and settings (THIS_RUNS). torch
+    takes every group setting from the saved state, so a checkpoint written by a foreach run would resume as
+    foreach whatever --optimizer-impl says, and a --resume with another --lr would train with the saved one
+    (a schedule sets the rate at every update anyway, from the run's --lr); and a fused or capturable update
+    wants its step count on the parameters' device, in float32, where a CPU-written checkpoint has it on the host. Host tensors are
     copied: torch keeps a tensor already on the right device as the state itself, and one of a memory-mapped
     checkpoint would keep the file mapped (its disk space held after the next save replaces it)."""
     import torch
 
-    kept = [{k: group[k] for k in ("foreach", "fused", "capturable") if k in group} for group in optimizer.param_groups]
-    rates = [group["lr"] for group in optimizer.param_groups]
+    kept = [{k: group[k] for k in THIS_RUNS if k in group} for group in optimizer.param_groups]
     state = {key: {name: value.clone() if torch.is_tensor(value) and value.device.type == "cpu" else value
                    for name, value in values.items()} for key, values in saved["state"].items()}
     optimizer.load_state_dict({**saved, "state": state})
-    for group, settings, rate in zip(optimizer.param_groups, kept, rates):
+    for group, settings in zip(optimizer.param_groups, kept):
         group.update(settings)
-        if torch.is_tensor(rate):       # the device tensor a graph reads, given the saved value
-            rate.fill_(float(group["lr"]))
-            group["lr"] = rate
         if settings.get("fused") or settings.get("capturable"):
             for param in group["params"]:
                 state = optimizer.state.get(param, {})
