@@ -123,6 +123,23 @@ def test_a_resume_from_another_folder_continues_the_checkpoint_and_log_of_the_ru
     assert epochs == [1, 2] and list((tmp_path / "later").iterdir()) == []
 
 
+def test_a_resume_of_a_copy_is_refused_rather_than_replacing_the_checkpoint_it_was_copied_from(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """The copy's run saved another file, which a resume would write (its --save): it must be given a --save."""
+    _, original = run_train(tmp_path, "--max-steps", "3", name="base")
+    capsys.readouterr()
+    copy = tmp_path / "try.pt"
+    copy.write_bytes(original.read_bytes())
+    refused = train_error("--resume", str(copy), "--max-steps", "5", monkeypatch=monkeypatch, capsys=capsys)
+    assert refused == (f"Train.py: error: --resume {copy} is a copy of {original}, the checkpoint its run saved, which "
+                       f"this run would replace (and add to its log in {tmp_path / 'base'}); pass --save for this run, "
+                       f"e.g. --save {copy} --log-dir {tmp_path / 'runs'}, or resume {original}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert Train.main(["--resume", str(copy), "--max-steps", "5", "--save", str(copy), "--log-dir",
+                       str(tmp_path / "runs")]) == 0, capsys.readouterr().err
+    assert load_checkpoint(copy)["step"] == 5 and load_checkpoint(original)["step"] == 3
+
+
 def test_a_diverged_run_stops_with_exit_1_and_keeps_its_last_good_checkpoint(tmp_path, capsys):
     save = tmp_path / "model.pt"
     status = Train.main(["--model", DIVERGING_MODEL, "--epochs", "3", "--save-every-steps", "5", "--save", str(save),

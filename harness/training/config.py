@@ -66,6 +66,15 @@ def rebased(saved: TrainConfig, resume: str) -> TrainConfig:
                                          if getattr(saved, name) and not os.path.isabs(getattr(saved, name))})
 
 
+def refuse_a_copy(saved: TrainConfig, resume: str) -> None:
+    """A ConfigError where ``resume`` is a copy of the checkpoint its run saved, which still exists: the resumed
+    run would write that file (its --save), not the copy, and so replace the run the copy was made from."""
+    if saved.save and os.path.exists(saved.save) and not os.path.samefile(saved.save, resume):
+        raise ConfigError(f"--resume {resume} is a copy of {saved.save}, the checkpoint its run saved, which this "
+                          f"run would replace (and add to its log in {saved.log_dir}); pass --save for this run, "
+                          f"e.g. --save {resume} --log-dir {Path(resume).parent / 'runs'}, or resume {saved.save}")
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """What opening the user's data or building their model raises (a file we may not read, a bad option, a
@@ -210,7 +219,10 @@ class TrainConfig:
         fresh = {name: getattr(cls(), name) for name in DECIDED_AGAIN}
         if "epochs" in changes and "max_steps" not in changes:      # the run is measured in epochs from now on
             changes = {**changes, "max_steps": None}
-        return dataclasses.replace(rebased(saved, resume), **{**fresh, "resume": resume, **changes, "inherited": True})
+        continued = rebased(saved, resume)
+        if "save" not in changes:
+            refuse_a_copy(continued, resume)
+        return dataclasses.replace(continued, **{**fresh, "resume": resume, **changes, "inherited": True})
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
