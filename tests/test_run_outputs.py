@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 import Train
@@ -105,6 +106,20 @@ def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_chan
     assert Train.main(["--resume", str(short), "--epochs", "1"]) == 0, capsys.readouterr().err
     lengthened = load_checkpoint(short)
     assert lengthened["step"] == 1293 // 2 // 32 and lengthened["config"]["max_steps"] is None
+
+
+@pytest.mark.parametrize("change, epochs, updates", [(["--cpu-workers", "1"], 4, 2 * 20 + 2 * (1293 // 32)),
+                                                    (["--grad-accum", "2"], 5, 2 * 20 + 3 * (1293 // 2 // 64))])
+def test_a_resume_that_changes_an_epoch_s_updates_at_its_end_trains_the_epochs_left(change, epochs, updates, tmp_path,
+                                                                                    capsys):
+    """Two epochs of 20 updates, resumed with 40 (one worker) or 10 (micro-batches of two) an epoch: --epochs counts
+    the epochs left in the new updates, not the checkpoint's update count against the new epochs' worth."""
+    _, save = run_train(tmp_path, "--epochs", "2", name="model")
+    assert Train.main(["--resume", str(save), "--epochs", str(epochs), *change]) == 0, capsys.readouterr().err
+    resumed = load_checkpoint(save)
+    assert (resumed["epoch"], resumed["step"], resumed["position"]) == (epochs, updates, 0)
+    trained = [r["epoch"] for r in read_metrics(tmp_path / "model" / "metrics.jsonl") if r["event"] == "epoch"]
+    assert trained == list(range(1, epochs + 1)), trained
 
 
 def test_a_resume_from_another_folder_continues_the_checkpoint_and_log_of_the_run_it_resumes(tmp_path, monkeypatch,

@@ -427,7 +427,8 @@ def resolve(config: TrainConfig) -> tuple[list[int], TrainConfig]:
 
 def check_inputs(config: TrainConfig) -> TrainConfig:
     """The checks that read files (data, a checkpoint to resume) or build the model (on the meta
-    device); returns the config with ``samples`` and ``data_workers`` (this host's cores shared out) decided."""
+    device); returns the config with ``samples``, ``data_workers`` (this host's cores shared out) and a resume's
+    ``update_offset`` decided."""
     from harness.data.pipeline import default_data_workers
     from harness.resilience.checkpoint import CheckpointError, load_checkpoint
     _check_loss(config)
@@ -443,9 +444,19 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     if saved:
+        config = config.replace(update_offset=update_offset(config, saved))
         _check_resumable(config, saved)
         _check_model_state(config, info, saved["model"])
     return config
+
+
+def update_offset(config: TrainConfig, saved: dict) -> int:
+    """The updates checkpoint ``saved`` trained in its finished epochs beyond what as many epochs count in
+    ``config`` (0 unless a resume changed an epoch's updates, which it may at an epoch's end). --mode async counts
+    its budget over the workers together (``trained``): 0."""
+    if config.mode == "async":
+        return 0
+    return saved["step"] - saved.get("position", 0) - saved["epoch"] * config.steps_per_epoch()
 
 
 def _check_model_state(config: TrainConfig, info: Any, saved: dict) -> None:

@@ -26,7 +26,7 @@ DEFAULT_SAVE = "checkpoints/model.pt"
 # What each annotation of TrainConfig's fields admits (an int where a float is due; never a bool for a number).
 TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,), "None": (type(None),)}
 # Not taken from the checkpoint on --resume: decided again for this run and machine.
-DECIDED_AGAIN = ("data_workers", "workers", "samples", "heal_in_place")
+DECIDED_AGAIN = ("data_workers", "workers", "samples", "heal_in_place", "update_offset")
 # What a resume may not change (mid-epoch, also what the rest of the epoch's order depends on).
 FIXED_ON_RESUME = ("model", "model_options", "dataset", "dataset_options", "optimizer")
 FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
@@ -169,6 +169,9 @@ class TrainConfig:
     workers: int = 0                    # how many workers the run has
     samples: int = 0                    # training samples (after the validation split)
     heal_in_place: bool = False         # a dead worker is healed from the survivors (else restart)
+    # a resume's updates of its finished epochs beyond what they count now (--cpu-workers, --batch-size or
+    # --grad-accum changed at an epoch's end): --epochs counts the epochs left in this run's updates
+    update_offset: int = 0
 
     @property
     def outer(self) -> bool:
@@ -183,7 +186,7 @@ class TrainConfig:
 
     def total_updates(self, steps_per_epoch: int) -> int:
         """The run's updates (each worker's; --mode async: the budget per worker): --max-steps, else --epochs' worth."""
-        return self.max_steps or self.epochs * steps_per_epoch
+        return self.max_steps or self.update_offset + self.epochs * steps_per_epoch
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types, as a checkpoint stores them (not ``inherited``: a resume of it is made by ``resuming``)."""

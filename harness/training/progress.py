@@ -25,7 +25,7 @@ class Progress:
         self.config, self.log = config, log
         self.lock = threading.Lock()
         self.total = config.total_updates(steps_per_epoch)
-        self.epochs = -(-self.total // steps_per_epoch)
+        self.epochs = -(-self.total // steps_per_epoch) if config.max_steps else config.epochs
         self.bar = None      # made at the first report, so the workers' start-up does not count as a slow update
         self.last_saved: dict | None = None     # the "saved" record of the last checkpoint this run wrote
         # --mode async: the server has one worker validate when the updates of all come due, not at rank 0's
