@@ -15,7 +15,8 @@ same whatever the file's size.
 
 Checks that catch the usual mistakes before a run starts: a size that is not a multiple of the
 dtype's, a file too short for one window, token ids at or above the vocabulary (a uint16 file read
-as uint32 makes huge ids), and a uint32 file read as uint16 (every other uint16 is then zero).
+as uint32 makes huge ids), a uint32 file read as uint16 (every other uint16 is then zero), and int64 ids
+(``np.array(ids).tofile``'s default), which tokens does not read (3 of every 4 uint16 are zero).
 """
 from __future__ import annotations
 
@@ -82,13 +83,30 @@ class TokenWindows(torch.utils.data.Dataset):
         could not embed."""
         self[index]
         probe = np.asarray(self.tokens()[:PROBE_TOKENS])
-        if self.dtype == "uint16" and len(probe) >= 64 and probe[1::2].max() == 0 < probe[0::2].max():
+        wider = _written_wider(probe, self.dtype)
+        if wider == "uint32":
             raise DataError(f"tokens: every other uint16 of {self.path} is zero: it looks like uint32 ids; "
                             "pass --dataset-options '{\"dtype\": \"uint32\"}'")
+        if wider == "int64":
+            raise DataError(f"tokens: {self.path} looks like int64 ids (read as {self.dtype}, only one value in "
+                            f"{8 // probe.itemsize} is not zero), numpy's default integer, which tokens does not read; "
+                            "write them as uint16 (ids below 65536) or uint32: "
+                            "np.asarray(ids, dtype=np.uint16).tofile(path)")
         top = int(probe.max())
         if top >= self.info.num_classes:
             raise DataError(f"tokens: {self.path} has token id {top} >= vocab_size {self.info.num_classes}; "
                             f"pass the right vocab_size (and dtype: this file was read as {self.dtype})")
+
+
+def _written_wider(probe: np.ndarray, dtype: str) -> str | None:
+    """The wider integer the ids were written as, where ``probe`` (read as ``dtype``) has only zeros between
+    every 2nd or 4th value: the high halves of little-endian uint32 or int64 ids."""
+    for wider in ("int64", "uint32"):
+        stride = np.dtype(wider).itemsize // np.dtype(DTYPES[dtype]).itemsize
+        if stride > 1 and len(probe) >= 32 * stride and probe[0::stride].max() > 0 \
+                and all(probe[k::stride].max() == 0 for k in range(1, stride)):
+            return wider
+    return None
 
 
 def open_tokens(data_dir: str | None, seed: int = 0, val_fraction: float = 0.0, block_size: int = 256,

@@ -156,18 +156,22 @@ def test_check_data_reports_facts_without_generating_synthetic_data():
     assert facts.train is None      # described, not generated
 
 
-@pytest.mark.parametrize("breakage, message", [
-    (lambda root: (root / "train.bin").write_bytes(b"\x01\x00\x02"), "not a multiple of 2"),
-    (lambda root: np.arange(5000, dtype=np.uint32).tofile(root / "train.bin"), "looks like uint32"),
-    (lambda root: np.full(5000, 900, dtype=np.uint16).tofile(root / "train.bin"), "token id 900 >= vocab_size 64"),
-    (lambda root: np.arange(20, dtype=np.uint16).tofile(root / "train.bin"), "fewer than one window"),
-    (lambda root: (root / "val.bin").unlink(), "val.bin does not exist"),
+@pytest.mark.parametrize("breakage, message, dtype", [
+    (lambda root: (root / "train.bin").write_bytes(b"\x01\x00\x02"), "not a multiple of 2", "uint16"),
+    (lambda root: np.arange(5000, dtype=np.uint32).tofile(root / "train.bin"), "looks like uint32", "uint16"),
+    (lambda root: (np.arange(5000) % 64).tofile(root / "train.bin"), r"looks like int64 ids \(read as uint16, only "
+                                                                     "one value in 4", "uint16"),
+    (lambda root: (np.arange(5000) % 64).tofile(root / "train.bin"), "looks like int64 ids", "uint32"),
+    (lambda root: np.full(5000, 900, dtype=np.uint16).tofile(root / "train.bin"), "token id 900 >= vocab_size 64",
+     "uint16"),
+    (lambda root: np.arange(20, dtype=np.uint16).tofile(root / "train.bin"), "fewer than one window", "uint16"),
+    (lambda root: (root / "val.bin").unlink(), "val.bin does not exist", "uint16"),
 ])
-def test_bad_token_files_are_named_with_the_fix(tmp_path, breakage, message):
+def test_bad_token_files_are_named_with_the_fix(tmp_path, breakage, message, dtype):
     root = make_token_files(tmp_path / "tokens", vocab=64)
     breakage(root)
     with pytest.raises((DataError, FileNotFoundError), match=message) as error:
-        check_data("tokens", str(root), block_size=32, vocab_size=64)
+        check_data("tokens", str(root), block_size=32, vocab_size=64, dtype=dtype)
     assert "train.bin" in str(error.value) or "val.bin" in str(error.value)
 
 
