@@ -92,6 +92,10 @@ def test_a_resume_takes_the_run_from_its_checkpoint_and_refuses_what_cannot_chan
     changed = train_error("--resume", str(save), "--epochs", "3", "--optimizer", "adam", monkeypatch=monkeypatch,
                           capsys=capsys)
     assert "continues a run of --optimizer 'sgd'; drop --optimizer" in changed
+    for flag, value, saved in (("--val-fraction", "0.2", "0.1"), ("--seed", "3", "0")):     # digits' split moves
+        moved = train_error("--resume", str(save), "--epochs", "3", flag, value, monkeypatch=monkeypatch,
+                            capsys=capsys)
+        assert f"was trained with {flag} {saved}; drop" in moved and "validate on samples it trained on" in moved
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert Train.main(["--resume", str(save), "--epochs", "3"]) == 0, capsys.readouterr().err
     resumed = load_checkpoint(save)

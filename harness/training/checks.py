@@ -31,6 +31,9 @@ from harness.training.flags import check_choices
 from harness.training.optim import check_options, default_impl
 from harness.training.schedule import is_constant
 
+# what carves a validation split out of the training set (in-memory data, an image folder without val/): a resume
+# with others would validate on samples it trained on
+SPLIT_BY = ("seed", "val_fraction")
 AT_LEAST_ONE = (lambda v: v >= 1, "must be at least 1")
 NOT_NEGATIVE = (lambda v: v >= 0, "must not be negative")
 POSITIVE = (lambda v: 0 < v < math.inf, "must be positive and finite")
@@ -524,14 +527,18 @@ def check_early_stop(config: TrainConfig, validated: bool) -> None:
 
 
 def _check_resumable(config: TrainConfig, saved: dict) -> None:
-    shape = FIXED_ON_RESUME + (FIXED_MID_EPOCH if saved.get("position") else ())
     before = {"grad_accum": 1, **saved["config"]}       # checkpoints from before --grad-accum
-    differ = [k for k in shape if before.get(k) != getattr(config, k)]
+    split = SPLIT_BY if before.get("val_fraction") and _holds_out(config) else ()
+    shape = FIXED_ON_RESUME + (FIXED_MID_EPOCH if saved.get("position") else ()) + split
+    differ = [k for k in dict.fromkeys(shape) if before.get(k) != getattr(config, k)]
     if differ:
+        why = " (it stopped mid-epoch)" if saved.get("position") else ""
+        why += (" (its validation samples are held out of the training set by --seed and --val-fraction: others "
+                "would validate on samples it trained on)") if set(differ) & set(split) else ""
         raise ConfigError(f"--resume {config.resume} was trained with "
                           + ", ".join(_saved_as(k, before.get(k)) for k in differ)
                           + "; drop the flags that change them to continue it (a resume takes them from the "
-                          "checkpoint)" + (" (it stopped mid-epoch)" if saved.get("position") else ""))
+                          "checkpoint)" + why)
     done, total, every = trained(config, saved)
     if done >= total:
         length = f"--max-steps {config.max_steps}" if config.max_steps else \
@@ -539,6 +546,11 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
         raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
                           f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
                           "--epochs or --max-steps to train more")
+
+
+def _holds_out(config: TrainConfig) -> bool:
+    from harness.checkout.datasets import holds_out
+    return holds_out(config.dataset, config.data_dir)
 
 
 def _saved_as(name: str, value: object) -> str:
