@@ -438,3 +438,20 @@ def test_train_py_finds_a_model_module_in_the_folder_it_runs_in_and_says_how_whe
         "from the folder that holds it, or add that folder to PYTHONPATH (PYTHONPATH=/path/to/folder python ...)")
     trained = cli("Train.py", *flags, cwd=tmp_path / "mine")
     assert trained.returncode == 0, trained.stderr
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_a_resume_with_other_fragments_is_refused_while_exchanges_of_the_saved_ones_are_in_flight(in_flight):
+    """Streaming DiLoCo's checkpoint holds the exchanges in flight by fragment: another --fragments would apply them
+    to other slices (it failed mid-run with an IndexError)."""
+    from harness.training.checks import _check_resumable
+    run = dict(mode="param", outer_optimizer="nesterov", avg_every=8, max_steps=40, samples=1000, workers=2)
+    saved = {"config": TrainConfig(**run, fragments=2, outer_delay=2).to_dict(), "step": 20, "epoch": 1,
+             "position": 0, "ranks": [{"pending": [(1, 18, 20, None, 64)] if in_flight else []}] * 2}
+    resumed = TrainConfig(**run, fragments=1, resume="m.pt")
+    if not in_flight:
+        _check_resumable(resumed, saved)
+        return
+    with pytest.raises(ConfigError, match=r"was trained with --fragments 2; drop .* \(exchanges of its fragments were "
+                                          r"in flight when it saved\)"):
+        _check_resumable(resumed, saved)

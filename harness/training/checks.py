@@ -528,17 +528,19 @@ def check_early_stop(config: TrainConfig, validated: bool) -> None:
 
 def _check_resumable(config: TrainConfig, saved: dict) -> None:
     before = {"grad_accum": 1, **saved["config"]}       # checkpoints from before --grad-accum
-    split = SPLIT_BY if before.get("val_fraction") and _holds_out(config) else ()
-    shape = FIXED_ON_RESUME + (FIXED_MID_EPOCH if saved.get("position") else ()) + split
-    differ = [k for k in dict.fromkeys(shape) if before.get(k) != getattr(config, k)]
+    fixed = {name: "" for name in FIXED_ON_RESUME}
+    fixed.update({name: " (it stopped mid-epoch)" for name in FIXED_MID_EPOCH if saved.get("position")})
+    if before.get("val_fraction") and _holds_out(config):
+        fixed.update({name: " (its validation samples are held out of the training set by --seed and --val-fraction: "
+                            "others would validate on samples it trained on)" for name in SPLIT_BY})
+    if any(part.get("pending") for part in saved.get("ranks") or []):
+        fixed["fragments"] = " (exchanges of its fragments were in flight when it saved)"
+    differ = [name for name in fixed if before.get(name) != getattr(config, name)]
     if differ:
-        why = " (it stopped mid-epoch)" if saved.get("position") else ""
-        why += (" (its validation samples are held out of the training set by --seed and --val-fraction: others "
-                "would validate on samples it trained on)") if set(differ) & set(split) else ""
         raise ConfigError(f"--resume {config.resume} was trained with "
                           + ", ".join(_saved_as(k, before.get(k)) for k in differ)
                           + "; drop the flags that change them to continue it (a resume takes them from the "
-                          "checkpoint)" + why)
+                          "checkpoint)" + "".join(dict.fromkeys(fixed[name] for name in differ)))
     done, total, every = trained(config, saved)
     if done >= total:
         length = f"--max-steps {config.max_steps}" if config.max_steps else \
