@@ -132,3 +132,15 @@ def test_idle_zygotes_of_other_environments_stay_warm_up_to_kept_and_the_least_r
         third = zygote_of(parent, "wave")           # a third environment: csv's, used least recently, ends
     assert len({first, second, third}) == 3
     assert wait_gone([second], 5.0) == [] and alive(first) and alive(third)
+
+
+def test_a_ctrl_c_while_the_zygote_imports_is_ignored_as_it_is_once_warm():
+    """Ctrl-C reaches the zygote with the whole process group; one during its first import printed a
+    KeyboardInterrupt traceback and killed it. Its command ignores SIGINT and SIGTERM before it imports anything:
+    here the import is replaced by a SIGINT and a SIGTERM to itself."""
+    before_import = zygote.START[:zygote.START.index("from harness")]
+    assert before_import.strip()
+    signalled = before_import + "import os, signal; os.kill(os.getpid(), signal.SIGINT); " \
+                                "os.kill(os.getpid(), signal.SIGTERM); print('imported')"
+    done = subprocess.run([sys.executable, "-c", signalled], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "imported\n" and not done.stderr, done

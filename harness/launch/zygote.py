@@ -134,14 +134,18 @@ class Forked:
             self._changed.notify_all()
 
 
+# Ctrl-C ignored before the first import: one in the zygote's first second printed a KeyboardInterrupt traceback
+START = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "from harness.launch.zygote import main; main()")
+
+
 class Zygote:
     """The parent's end of one zygote: ``fork(env)`` starts a child. Started by ``for_environment``."""
 
     def __init__(self, env: Mapping[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._socket = ours
-        self.process = subprocess.Popen([sys.executable, "-c", "from harness.launch.zygote import main; main()",
-                                         str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-c", START, str(theirs.fileno())],
                                         env=dict(env), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         self.environment = _at_import(env)
@@ -326,10 +330,8 @@ def _reap(server: socket.socket) -> None:
 
 
 def main() -> None:
-    """The zygote's process (``python -c "...; main()" FD``): warm up, then fork a child for each request on the socket
-    FD until the parent closes it."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    """The zygote's process (``python -c START FD``, which ignores SIGINT and SIGTERM first): warm up, then fork a
+    child for each request on the socket FD until the parent closes it."""
     server = socket.socket(fileno=int(sys.argv[1]))
     _warm_up()
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):    # the parent ended before it read all we said
