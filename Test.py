@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # torch (3 s of imports) once the flags are good: --help and a mistyped flag answer at once, as Train.py's do
     from harness.resilience.checkpoint import CheckpointError, ModelMismatch, load_checkpoint
-    from harness.training.evaluation import evaluate_checkpoint, report
+    from harness.training.evaluation import OtherClasses, evaluate_checkpoint, report
     try:
         state = load_checkpoint(args.checkpoint)
         gpus = resolve_gpus(args.gpus)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = evaluate_checkpoint(state, len(gpus) or args.cpu_workers, gpus,
                                  args.batch_size or state["config"]["batch_size"])
-    except ModelMismatch as e:
+    except (ModelMismatch, OtherClasses) as e:
         print(f"Test.py: error: {args.checkpoint}: {e}", file=sys.stderr)
         return 2
     except (ChildError, ChildFailed, FileNotFoundError) as e:

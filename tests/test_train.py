@@ -281,8 +281,8 @@ def test_a_model_that_builds_otherwise_than_its_checkpoint_is_one_line_for_test_
             f"Test.py: error: {save}: the checkpoint does not fit --model mlp as it builds now: size mismatch for "
             "1.weight: copying a param with shape torch.Size([32, 64]) from checkpoint, the shape in current model is "
             "torch.Size([48, 64]). (and 2 more); it was trained with other model code or --model-options"]
-    line = train_error("--resume", str(save), "--max-steps", "10", "--log-dir", str(tmp_path / "again"),
-                       monkeypatch=monkeypatch, capsys=capsys)
+    line = train_error("--resume", str(save), "--max-steps", "10", "--save", str(save), "--log-dir",
+                       str(tmp_path / "again"), monkeypatch=monkeypatch, capsys=capsys)
     assert line.startswith(f"Train.py: error: --resume {save} does not fit --model mlp as it builds now: size "
                            "mismatch for 1.weight")
 
@@ -336,3 +336,25 @@ def test_startup_timeline_marks_every_phase_in_order(one_epoch):
     shown = subprocess.run([sys.executable, str(ROOT / "scripts" / "startup_timeline.py"), str(logs)],
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "communicator" in shown.stdout and "rank 1" in shown.stdout
+
+
+def test_data_of_other_classes_is_refused_by_test_py_and_by_a_resume(images, tmp_path, monkeypatch, capsys):
+    """An image folder's labels are its class folders' names, sorted: with one renamed, every label means another
+    class, and Test.py scored 0% with no word. The checkpoint keeps the names it trained on (config "classes")."""
+    import shutil
+    _, save = run_train(tmp_path, "--dataset", "imagefolder", "--data-dir", str(images), "--dataset-options",
+                        '{"crop": 16, "resize": 20}', "--batch-size", "4", "--max-steps", "2")
+    assert load_checkpoint(save)["config"]["classes"] == ["c0", "c1", "c2"]
+    renamed = shutil.copytree(images, tmp_path / "renamed")
+    for split in ("train", "val"):
+        (renamed / split / "c0").rename(renamed / split / "z0")
+    status, _, err = run_test_py(capsys, "--checkpoint", str(save), "--data-dir", str(renamed))
+    assert status == 2 and err.strip() == (f"Test.py: error: {save}: the data's class 0 is 'c1', where it was trained "
+                                           "on 'c0' (class folders renamed? their names, sorted, give the labels); "
+                                           "test it on data of the classes it trained on"), err
+    resumed = train_error("--resume", str(save), "--data-dir", str(renamed), "--max-steps", "4",
+                          monkeypatch=monkeypatch, capsys=capsys)
+    assert resumed.endswith("the data's class 0 is 'c1', where it was trained on 'c0' (class folders renamed? their "
+                            "names, sorted, give the labels); resume it on the data it trained on"), resumed
+    status, out, err = run_test_py(capsys, "--checkpoint", str(save))
+    assert status == 0 and "accuracy" in out, err

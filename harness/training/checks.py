@@ -20,7 +20,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from harness.launch.cluster import ClusterStart, check_start, detect, unbind_from_mpi
 from harness.launch.launchers import Launcher, make_launcher
@@ -436,8 +436,8 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     from harness.resilience.checkpoint import CheckpointError, load_checkpoint
     _check_loss(config)
     samples, validated, info = _check_data_and_model(config)
-    config = config.replace(samples=samples, data_workers=config.data_workers if config.data_workers is not None
-                            else default_data_workers(config.workers))
+    config = config.replace(samples=samples, classes=list(info.class_names), data_workers=config.data_workers
+                            if config.data_workers is not None else default_data_workers(config.workers))
     check_early_stop(config, validated)
     check_length(config)
     if config.mode != "async":      # rank 0 writes it, on a host that need not be the parent's
@@ -535,6 +535,9 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
                             "others would validate on samples it trained on)" for name in SPLIT_BY})
     if any(part.get("pending") for part in saved.get("ranks") or []):
         fixed["fragments"] = " (exchanges of its fragments were in flight when it saved)"
+    other = other_classes(before.get("classes") or [], config.classes)
+    if other:
+        raise ConfigError(f"--resume {config.resume}: the data's {other}; resume it on the data it trained on")
     differ = [name for name in fixed if before.get(name) != getattr(config, name)]
     if differ:
         raise ConfigError(f"--resume {config.resume} was trained with "
@@ -548,6 +551,18 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
         raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
                           f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
                           "--epochs or --max-steps to train more")
+
+
+def other_classes(trained: Sequence[str], found: Sequence[str]) -> str:
+    """How the data's class names (``found``) differ from those a model was trained on, in a phrase; "" where they
+    do not, or where either names none."""
+    if not trained or not found or list(trained) == list(found):
+        return ""
+    if len(trained) != len(found):
+        return f"{len(found)} classes are not the {len(trained)} it was trained on (a class folder added or removed?)"
+    i = next(i for i, (a, b) in enumerate(zip(trained, found)) if a != b)
+    return (f"class {i} is {found[i]!r}, where it was trained on {trained[i]!r} (class folders renamed? their names, "
+            "sorted, give the labels)")
 
 
 def _holds_out(config: TrainConfig) -> bool:

@@ -24,9 +24,10 @@ from harness.spelling import did_you_mean
 
 DEFAULT_SAVE = "checkpoints/model.pt"
 # What each annotation of TrainConfig's fields admits (an int where a float is due; never a bool for a number).
-TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,), "None": (type(None),)}
+TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,), "list": (list, tuple),
+         "None": (type(None),)}
 # Not taken from the checkpoint on --resume: decided again for this run and machine.
-DECIDED_AGAIN = ("data_workers", "workers", "samples", "heal_in_place", "update_offset")
+DECIDED_AGAIN = ("data_workers", "workers", "samples", "classes", "heal_in_place", "update_offset")
 # What a resume may not change (mid-epoch, also what the rest of the epoch's order depends on).
 FIXED_ON_RESUME = ("model", "model_options", "dataset", "dataset_options", "optimizer")
 FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
@@ -168,6 +169,7 @@ class TrainConfig:
     # -- decided by the checks (resolve(), rank 0's check_inputs) before any worker trains, not set by users
     workers: int = 0                    # how many workers the run has
     samples: int = 0                    # training samples (after the validation split)
+    classes: list = field(default_factory=list)     # the training data's class names (none: it names none)
     heal_in_place: bool = False         # a dead worker is healed from the survivors (else restart)
     # a resume's updates of its finished epochs beyond what they count now (--cpu-workers, --batch-size or
     # --grad-accum changed at an epoch's end): --epochs counts the epochs left in this run's updates

@@ -13,6 +13,7 @@ import torch
 
 from harness.data.batch import Batch, call_model, is_pair, samples
 from harness.resilience.checkpoint import ModelMismatch, load_model_state
+from harness.training.checks import other_classes
 from harness.training.config import TrainConfig
 from harness.training.losses import logits_of, make_loss
 
@@ -59,6 +60,10 @@ def _hits(out: Any, batch: Batch) -> tuple[int, int] | None:
     return None if predicted is None else ((predicted[0] == predicted[1]).sum().item(), predicted[1].numel())
 
 
+class OtherClasses(ValueError):
+    """The test data's classes are not the ones the checkpoint's model was trained on: its scores would be wrong."""
+
+
 def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any, torch.nn.Module]:
     """(the checkpoint's config, its test split, its model in eval mode on ``device``)."""
     from harness.training.build import load_data, make_model
@@ -67,6 +72,9 @@ def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any,
     if data.test is None:
         raise FileNotFoundError(f"dataset {config.dataset} has no test split to evaluate (its factory "
                                 "returned None for 'val')")
+    other = other_classes(config.classes, data.test.info.class_names)
+    if other:
+        raise OtherClasses(f"the data's {other}; test it on data of the classes it trained on")
     model = make_model(config, data.test.info, device)
     try:
         load_model_state(model, state["model"])
