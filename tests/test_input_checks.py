@@ -455,3 +455,26 @@ def test_a_resume_with_other_fragments_is_refused_while_exchanges_of_the_saved_o
     with pytest.raises(ConfigError, match=r"was trained with --fragments 2; drop .* \(exchanges of its fragments were "
                                           r"in flight when it saved\)"):
         _check_resumable(resumed, saved)
+
+
+def test_a_resume_that_changes_mode_to_or_from_grad_drops_the_saved_mode_s_synchronisation_flags(tmp_path):
+    """DiLoCo resumed in grad mode: the saved --outer-optimizer and --avg-every were refused as flags the user should
+    drop, which they never passed. Between param and async, which share them, they are kept."""
+    _, save = run_train(tmp_path, "--mode", "param", "--avg-every", "4", "--outer-optimizer", "nesterov",
+                        "--max-steps", "4")
+    graded = TrainConfig.resuming(str(save), mode="grad", max_steps=8)
+    assert (graded.outer_optimizer, graded.avg_every) == ("average", 1)
+    check(graded)                                       # refused before: "--outer-optimizer sets what --mode param..."
+    served = TrainConfig.resuming(str(save), mode="async", max_steps=8)
+    assert (served.outer_optimizer, served.avg_every) == ("nesterov", 4)
+    told = TrainConfig.resuming(str(save), mode="grad", max_steps=8, avg_every=2)
+    assert told.avg_every == 2                          # given: kept, and refused by the checks as before
+    with pytest.raises(ConfigError, match="--avg-every 2 sets how often --mode param"):
+        check(told)
+
+
+def test_the_fields_a_change_of_mode_resets_are_train_py_s_synchronisation_flags():
+    from harness.training.config import SYNCHRONISATION
+    from harness.training.flags import make_parser
+    [group] = [g for g in make_parser("")._action_groups if g.title == "synchronisation"]
+    assert sorted(SYNCHRONISATION) == sorted(action.dest for action in group._group_actions if action.dest != "mode")

@@ -32,6 +32,11 @@ DECIDED_AGAIN = ("data_workers", "workers", "samples", "classes", "heal_in_place
 FIXED_ON_RESUME = ("model", "model_options", "dataset", "dataset_options", "optimizer")
 FIXED_MID_EPOCH = ("seed", "batch_size", "grad_accum", "workers", "samples")
 PATHS = ("save", "log_dir", "data_dir", "profile")      # relative to the folder a run is started in
+# Train.py's synchronisation flags but --mode: a resume that changes --mode to or from grad takes their defaults
+# where it does not give them (the saved run's were that mode's; kept, they would be refused as another mode's)
+SYNCHRONISATION = ("max_staleness", "avg_every", "avg_optimizer_state", "outer_optimizer", "outer_lr",
+                   "outer_momentum", "fragments", "outer_delay", "outer_dtype", "grad_sync", "bucket_mb", "zero",
+                   "reduce_dtype")
 
 
 def _how_to_give(name: str, value: Any, types: list[str]) -> str:
@@ -221,7 +226,9 @@ class TrainConfig:
             raise ConfigError(f"--resume {resume} continues a run of " + ", ".join(
                 f"--{name.replace('_', '-')} {getattr(saved, name)!r}" for name in fixed) + "; drop " + ", ".join(
                 f"--{name.replace('_', '-')}" for name in fixed) + " (or start a new run without --resume)")
-        fresh = {name: getattr(cls(), name) for name in DECIDED_AGAIN}
+        again = DECIDED_AGAIN + (SYNCHRONISATION if (changes.get("mode", saved.mode) == "grad") != (saved.mode == "grad")
+                                 else ())
+        fresh = {name: getattr(cls(), name) for name in again}
         if "epochs" in changes and "max_steps" not in changes:      # the run is measured in epochs from now on
             changes = {**changes, "max_steps": None}
         continued = rebased(saved, resume)
