@@ -26,6 +26,10 @@ from harness.training.nodes import exit_status, serve_node
 from harness.training.flags import parse
 
 
+# What a worker raises about the data with a message that names the file and the fix: said alone, no traceback
+DATA_ERRORS = ("DataError", "SampleError", "TooManyBadSamples")
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """The command line as a TrainConfig (not yet checked: ``run`` checks it)."""
     return parse(argv, __doc__)
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ChildError, Diverged) as e:         # the training code raised: a restart would raise it again
             failed = ("checking the inputs failed: " if isinstance(e, CheckFailed) else
                       "training failed: " if isinstance(e, ChildError) else "")
-            print(f"Train.py: {failed}{e}", file=sys.stderr)
+            said = e.message if isinstance(e, ChildError) and e.raised.rpartition(".")[2] in DATA_ERRORS else e
+            print(f"Train.py: {failed}{said}", file=sys.stderr)
             return exit_status(e)
         except (ChildFailed, GaveUp, NodeLost) as e:    # workers died: an engine that started us may start us again
             print(f"Train.py: training failed: {e}", file=sys.stderr)

@@ -99,7 +99,10 @@ def test_past_max_bad_samples_the_run_saves_and_stops_with_the_list(images, tmp_
                               "--log-dir", str(tmp_path / "log")))
     err = capsys.readouterr().err
     assert status == 1, err
-    assert "3 bad samples, more than --max-bad-samples 2" in err
+    stopped = [line for line in err.splitlines() if line.startswith("Train.py: ")]
+    assert len(stopped) == 1 and stopped[0].startswith("Train.py: training failed: 3 bad samples, more than "
+                                                        "--max-bad-samples 2"), err
+    assert "Traceback" not in err, err          # the data's fault, named with the fix: its line alone
     for name in CORRUPT:
         assert f"{root / 'train' / name}: cannot be decoded" in err
     assert f"continue with --resume {save}" in err

@@ -20,6 +20,8 @@ class ChildError(RuntimeError):
     def __init__(self, rank: int, traceback_text: str):
         self.rank, self.traceback = rank, traceback_text
         last = traceback_text.strip().splitlines()[-1] if traceback_text.strip() else "unknown error"
+        # "package.module.Class: message": the exception's class (its module's path) and its message
+        self.raised, _, self.message = last.partition(": ")
         super().__init__(f"child {rank} raised {last}\n--- child {rank} traceback ---\n{traceback_text.rstrip()}")
 
 
