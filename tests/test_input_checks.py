@@ -328,6 +328,12 @@ def test_data_flags_that_the_data_does_not_read_are_refused_in_one_line(tokens_d
      "over class indices: give class indices (.long(); y.argmax(-1) of one-hot rows), or pass --loss"),
     (["--model", "tests.helpers.user_code:linear", "--dataset", "tests.helpers.user_code:regression"],
      "or pass --loss package.module:fn for a regression"),
+    (["--dataset", "tests.helpers.user_code:int_one_hot"], "its targets look like one-hot rows, and the default loss "
+     "takes class indices: give y.argmax(-1)"),
+    (["--dataset", "tests.helpers.user_code:int32_labels"], "its targets are int32, and the default loss takes int64 "
+     "class indices: give y.long() (torch.from_numpy(y).long())"),
+    (["--model", "tests.helpers.user_code:linear", "--dataset", "tests.helpers.user_code:unformatted"], "the batch "
+     "holds lists, not tensors: give tensors (a Hugging Face datasets.Dataset does after .set_format(\"torch\")"),
 ])
 def test_a_model_and_loss_that_would_train_nothing_or_fail_in_the_workers_are_refused_in_one_line(
         flags, message, monkeypatch, capsys):

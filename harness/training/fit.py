@@ -184,15 +184,27 @@ def _advice(kind: str, batch: Batch, problem: Problem) -> str:
     """What to change where the model or the default loss refuse the batch: float targets are not class indices
     (one-hot rows, or a regression's values), which cross-entropy, the default loss, needs; else the model or the
     options are not made for this data."""
+    values = list(batch.values() if isinstance(batch, dict) else batch)
+    if any(isinstance(v, (list, tuple)) for v in values):
+        return ("the batch holds lists, not tensors: give tensors (a Hugging Face datasets.Dataset does after "
+                ".set_format(\"torch\"), or .with_format(\"torch\"))")
     targets = batch[1] if is_pair(batch) else None
-    if problem.source == "default loss" and torch.is_tensor(targets) and targets.is_floating_point():
+    if problem.source != "default loss" or not torch.is_tensor(targets):
+        return f"pick a model made for {kind} data, or fix --model-options/--dataset-options to match"
+    if targets.is_floating_point():
         return ("its targets are floats, and the default loss is cross-entropy over class indices: give class "
                 "indices (.long(); y.argmax(-1) of one-hot rows), or pass --loss package.module:fn for a regression")
+    if targets.dim() == 2 and targets.shape[1] > 1 and bool(((targets == 0) | (targets == 1)).all()):
+        return "its targets look like one-hot rows, and the default loss takes class indices: give y.argmax(-1)"
+    if targets.dtype != torch.int64:
+        return (f"its targets are {str(targets.dtype).removeprefix('torch.')}, and the default loss takes int64 "
+                "class indices: give y.long() (torch.from_numpy(y).long())")
     return f"pick a model made for {kind} data, or fix --model-options/--dataset-options to match"
 
 
 def _describe(batch: Batch) -> str:
     named = batch.items() if isinstance(batch, dict) else zip(("x", "y") if is_pair(batch) else
                                                               (f"[{i}]" for i in range(len(batch))), batch)
-    return ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')} {list(t.shape)}" for name, t in named
-                     if torch.is_tensor(t))
+    return ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')} {list(t.shape)}" if torch.is_tensor(t) else
+                     f"{name} {type(t).__name__} of {len(t)}" for name, t in named
+                     if torch.is_tensor(t) or isinstance(t, (list, tuple)))

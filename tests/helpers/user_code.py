@@ -301,6 +301,42 @@ def one_hot(split: str, data_dir: str | None) -> OneHot:
     return OneHot()
 
 
+class IntOneHot(FloatLabels):
+    """FloatLabels' classes, each label a one-hot row of integers (F.one_hot's int64)."""
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3), torch.nn.functional.one_hot(torch.tensor(i % 2), 2)
+
+
+def int_one_hot(split: str, data_dir: str | None) -> IntOneHot:
+    return IntOneHot()
+
+
+class Int32Labels(FloatLabels):
+    """FloatLabels' classes as int32 labels (numpy's int32 column, taken with torch.from_numpy)."""
+
+    def __getitem__(self, i: int):
+        return torch.zeros(3), torch.tensor(i % 2, dtype=torch.int32)
+
+
+def int32_labels(split: str, data_dir: str | None) -> Int32Labels:
+    return Int32Labels()
+
+
+class Unformatted(torch.utils.data.Dataset):
+    """Rows of Python lists, as a Hugging Face datasets.Dataset gives them before set_format("torch")."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return {"input_ids": [1, 2, 3, i], "labels": [1, 2, 3, i]}
+
+
+def unformatted(split: str, data_dir: str | None) -> Unformatted:
+    return Unformatted()
+
+
 class VaryingLengths(FloatLabels):
     """Samples of 3 to 4 values, which the default collate cannot stack."""
 
