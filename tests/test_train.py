@@ -358,3 +358,15 @@ def test_data_of_other_classes_is_refused_by_test_py_and_by_a_resume(images, tmp
                             "names, sorted, give the labels); resume it on the data it trained on"), resumed
     status, out, err = run_test_py(capsys, "--checkpoint", str(save))
     assert status == 0 and "accuracy" in out, err
+
+
+def test_test_py_on_an_image_folder_trained_without_validation_says_how_to_give_it_a_test_split(images, tmp_path,
+                                                                                              capsys):
+    import shutil
+    root = shutil.copytree(images / "train", tmp_path / "folder" / "train")
+    _, save = run_train(tmp_path, "--dataset", "imagefolder", "--data-dir", str(root.parent), "--dataset-options",
+                        '{"crop": 16, "resize": 20}', "--batch-size", "4", "--max-steps", "2", "--val-fraction", "0")
+    status, _, err = run_test_py(capsys, "--checkpoint", str(save))
+    assert status == 1 and err.strip() == (f"Test.py: evaluation failed: --dataset imagefolder has no test split in "
+                                           f"{root.parent} (the run held none out: --val-fraction 0); add one "
+                                           "(DIR/val/ for an image folder) and pass Test.py --data-dir DIR"), err

@@ -71,7 +71,10 @@ def _trained_model(state: dict, device: torch.device) -> tuple[TrainConfig, Any,
     data = load_data(config)
     if data.test is None:
         raise FileNotFoundError(f"dataset {config.dataset} has no test split to evaluate (its factory "
-                                "returned None for 'val')")
+                                "returned None for 'val')" if ":" in config.dataset else
+                                f"--dataset {config.dataset} has no test split in {config.data_dir}"
+                                + (" (the run held none out: --val-fraction 0)" if not config.val_fraction else "")
+                                + "; add one (DIR/val/ for an image folder) and pass Test.py --data-dir DIR")
     other = other_classes(config.classes, data.test.info.class_names)
     if other:
         raise OtherClasses(f"the data's {other}; test it on data of the classes it trained on")
