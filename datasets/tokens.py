@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .split import DataError, DataInfo
+from .split import DataError, DataInfo, SampleError
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 PROBE_TOKENS = 1 << 20            # how much of a file the checks read
@@ -76,12 +76,16 @@ class TokenWindows(torch.utils.data.Dataset):
         low = start * itemsize // RELEASE_ALIGN * RELEASE_ALIGN
         high = min(self.size, -(-end * itemsize // RELEASE_ALIGN) * RELEASE_ALIGN)
         self._map.madvise(mmap.MADV_DONTNEED, low, high - low)
+        top = int(window.max())
+        if top >= self.info.num_classes:       # past the ids ``check`` read: a bad sample, skipped and logged
+            at = start + int(window.argmax())
+            beyond = f"{self.path} has token id {top} >= vocab_size {self.info.num_classes} at token {at}"
+            raise SampleError(f"tokens: {beyond}; pass the right vocab_size", reason=beyond)
         return window[:-1], window[1:]
 
     def check(self, index: int = 0) -> None:
-        """Read window ``index``, then the first tokens (at most PROBE_TOKENS), and refuse ids the model
-        could not embed."""
-        self[index]
+        """Read the first tokens (at most PROBE_TOKENS), refusing ids written wider than read and ids the model
+        could not embed, then window ``index``."""
         probe = np.asarray(self.tokens()[:PROBE_TOKENS])
         wider = _written_wider(probe, self.dtype)
         if wider == "uint32":
@@ -96,6 +100,7 @@ class TokenWindows(torch.utils.data.Dataset):
         if top >= self.info.num_classes:
             raise DataError(f"tokens: {self.path} has token id {top} >= vocab_size {self.info.num_classes}; "
                             f"pass the right vocab_size (and dtype: this file was read as {self.dtype})")
+        self[index]
 
 
 def _written_wider(probe: np.ndarray, dtype: str) -> str | None:

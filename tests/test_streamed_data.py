@@ -246,3 +246,20 @@ def test_loader_processes_end_with_a_training_process_killed_outright(tmp_path):
         assert wait_gone(loaders, 1.5) == []
     finally:
         trainer.kill()
+
+
+def test_a_token_id_beyond_the_vocabulary_past_what_the_checks_read_is_a_bad_sample_naming_the_file(tmp_path):
+    """The checks read the first PROBE_TOKENS ids; a window past them with an id the model cannot embed failed in the
+    embedding, mid-run, naming neither the file nor the id. It is a bad sample now, skipped and logged."""
+    from harness.checkout.datasets.tokens import PROBE_TOKENS, open_tokens
+    from harness.checkout.datasets.split import SampleError
+    root = make_token_files(tmp_path / "tokens", vocab=64)
+    ids = np.arange(PROBE_TOKENS + 4096, dtype=np.uint16) % 64
+    at = PROBE_TOKENS + 1000
+    ids[at] = 900
+    ids.tofile(root / "train.bin")
+    train, _ = open_tokens(str(root), block_size=32, vocab_size=64)
+    train.check()                                           # the first ids are fine
+    with pytest.raises(SampleError, match=rf"{root / 'train.bin'} has token id 900 >= vocab_size 64 at token {at}; "
+                                          "pass the right vocab_size"):
+        train[at // 32]
