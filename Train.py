@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     if signum:
         saved = (f"saved {config.save}; continue with: python {shlex.quote(sys.argv[0])} --resume "
                  f"{shlex.quote(config.save)}" if config.save else "not saved (--save is empty)")
+        together = f" ({results[0]['trained']})" if results[0].get("trained") else ""
         print(f"Train.py: {signal.Signals(signum).name}: stopped at epoch {results[0]['epoch']}, "
-              f"update {results[0]['step']}; {saved}", file=sys.stderr)
+              f"update {results[0]['step']}{together}; {saved}", file=sys.stderr)
         return 128 + signum
     return 0
 

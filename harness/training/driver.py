@@ -279,8 +279,8 @@ def ended_anyway(config: TrainConfig, results: list[dict], saved: dict | None) -
         from harness.resilience.checkpoint import load_checkpoint      # parent's server imported it already)
         saved = load_checkpoint(saved["path"])
     done, total, every = trained(config, saved)
-    if done < total:
-        return results
+    if done < total:        # async mode: rank 0's own update is not the run's (its budget is every worker's)
+        return [{**result, "trained": f"{done} of {total} updates{every}"} for result in results] if every else results
     print(f"{signal.Signals(signum).name} came as the run ended: it trained its {total} updates{every}")
     return [{**result, "interrupted": None} for result in results]
 

@@ -139,9 +139,11 @@ def interrupted(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list
     assert status == 128 + sig, err
     assert "Traceback" not in err
     line = err.strip().splitlines()[-1]
-    match = re.fullmatch(rf"Train\.py: {sig.name}: stopped at epoch (\d+), update (\d+); saved (\S+); "
-                         r"continue with: python \S*Train\.py --resume \3", line)
+    match = re.fullmatch(rf"Train\.py: {sig.name}: stopped at epoch (\d+), update (\d+)(?: \((\d+) of \d+ updates by "
+                         r"\d+ workers together\))?; saved (\S+); continue with: python \S*Train\.py --resume \4", line)
     assert match, line
     assert left == [] and left_in_tmp(tmp_path) == []
     assert int(match[2]) % 4 == 0     # StopVote.EVERY: every rank stopped at the same vote
-    return int(match[2]), match[3], line.split("continue with: ", 1)[1]
+    flags_mode = flags[flags.index("--mode") + 1] if "--mode" in flags else "grad"
+    assert (match[3] is not None) == (flags_mode == "async"), line     # async: the budget spent, every worker's
+    return int(match[2]), match[4], line.split("continue with: ", 1)[1]
