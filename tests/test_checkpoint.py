@@ -190,3 +190,14 @@ def test_check_writable_rejects_directory_under_a_file(tmp_path):
 def test_check_writable_rejects_directory_as_path(tmp_path):
     with pytest.raises(NotWritable, match="is a directory"):
         check_writable(tmp_path)
+
+
+def test_a_whole_model_or_a_bare_state_dict_is_named_as_such_not_as_a_corrupt_file(tmp_path):
+    whole, bare = tmp_path / "whole.pt", tmp_path / "bare.pt"
+    torch.save(torch.nn.Linear(2, 2), whole)
+    torch.save(torch.nn.Linear(2, 2).state_dict(), bare)
+    with pytest.raises(CheckpointError, match=r"holds pickled objects \(torch\.nn\.modules\.linear\.Linear: a whole "
+                                              r"model saved with torch\.save\(model\)\?\)"):
+        load_checkpoint(whole)
+    with pytest.raises(CheckpointError, match=r"\(a model's bare state_dict\? give a checkpoint Train\.py wrote"):
+        load_checkpoint(bare)

@@ -1,6 +1,7 @@
 """Atomic checkpoint files that either load completely or fail with a message naming the file."""
 
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -86,6 +87,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except Exception as error:  # torch.load raises many types for garbage, truncation and bad pickles
+        pickled = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if pickled:
+            raise CheckpointError(f"checkpoint {path} holds pickled objects ({pickled[1]}: a whole model saved with "
+                                  f"torch.save(model)?), not a checkpoint of Train.py's, which holds state dicts and "
+                                  f"the run's config; give one Train.py wrote (--save)") from None
         raise CheckpointError(
             f"checkpoint {path} is not a readable checkpoint (truncated, corrupt or not written by "
             f"torch.save): {_reason(error)}"
@@ -129,7 +135,9 @@ def _check_state(path: Path, state: dict) -> None:
 def _check_keys(path: Path, state: dict) -> None:
     missing = [key for key in REQUIRED_KEYS if key not in state]
     if missing:
-        raise CheckpointError(f"checkpoint {path} lacks required keys {missing}; it needs all of {REQUIRED_KEYS}")
+        raise CheckpointError(f"checkpoint {path} lacks required keys {missing}; it needs all of {REQUIRED_KEYS}"
+                              + (" (a model's bare state_dict? give a checkpoint Train.py wrote: --save)"
+                                 if len(missing) == len(REQUIRED_KEYS) else ""))
 
 
 def _check_plain(path: Path, value: object, where: str) -> None:
