@@ -436,8 +436,8 @@ def check_inputs(config: TrainConfig) -> TrainConfig:
     from harness.resilience.checkpoint import CheckpointError, load_checkpoint
     _check_loss(config)
     samples, validated, info = _check_data_and_model(config)
-    config = config.replace(samples=samples, classes=list(info.class_names), data_workers=config.data_workers
-                            if config.data_workers is not None else default_data_workers(config.workers))
+    loaders = config.data_workers if config.data_workers is not None else default_data_workers(config.workers)
+    config = config.replace(samples=samples, classes=[str(name) for name in info.class_names], data_workers=loaders)
     check_early_stop(config, validated)
     check_length(config)
     if config.mode != "async":      # rank 0 writes it, on a host that need not be the parent's
@@ -556,7 +556,8 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
 def other_classes(trained: Sequence[str], found: Sequence[str]) -> str:
     """How the data's class names (``found``) differ from those a model was trained on, in a phrase; "" where they
     do not, or where either names none."""
-    if not trained or not found or list(trained) == list(found):
+    trained, found = [str(name) for name in trained], [str(name) for name in found]     # as the config keeps them
+    if not trained or not found or trained == found:
         return ""
     if len(trained) != len(found):
         return f"{len(found)} classes are not the {len(trained)} it was trained on (a class folder added or removed?)"
