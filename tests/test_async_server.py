@@ -665,6 +665,25 @@ def answer(anchor: float, grant: int, ahead: int = 0) -> dict:
             "updates": 0, "parked": False, "final": False, "validate": False, "save": False}
 
 
+def test_a_worker_past_its_bad_samples_at_the_update_a_release_answered_parks_again_to_say_so():
+    """The release answered its push with a grant of more updates; its bad samples, counted after that update, end
+    its loop there. Its finish must tell the server (a park with the stop's reason), or the others' next
+    consistent point waits for it for ever while it waits for them in the final exchange of bad samples."""
+    flat = FlatParameters(torch.nn.Linear(7, 1))
+    ctx = Answers(answer(0.0, grant=2), {**answer(10.0, grant=2), "parked": True},
+                  {**answer(10.0, grant=0), "parked": True, "final": True, "stop_why": BAD_SAMPLES})
+    worker = AsyncSynchroniser(flat, 0, 2, ctx, signal=lambda: None)
+    worker.start()
+    worker.after_step(1)
+    worker.after_step(2)                # pushes; the release answers it, granting 2 more
+    assert worker.parked and worker.grant == 2
+    worker.bad_samples = True           # the loop's count after update 2 (ServerVote.bad_samples)
+    worker.finish()
+    kind, body = ctx.sent[-1]
+    assert kind == "push" and body["park"] and body["signal"] == BAD_SAMPLES and body["delta"] is None
+    assert worker.final and not ctx.answers
+
+
 def test_a_worker_that_trained_on_under_its_push_lands_half_way_between_its_parameters_and_the_new_anchor():
     """--outer-delay: the answer taken one update after the push mixes the replica's own parameters and the new
     anchor half and half (not the anchor plus the update made since the push); taken with no update since the

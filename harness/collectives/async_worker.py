@@ -175,9 +175,13 @@ class AsyncSynchroniser(Synchroniser):
 
     def finish(self) -> None:
         """A consistent point (before a checkpoint, at the end): park, unless this worker is at one already
-        (it was answered by a release and has made no update since)."""
+        (it was answered by a release and has made no update since) and the server knows all it has to say. A
+        worker that met its bad samples past the limit (or a loss that is not finite) at the update a release
+        answered, and so was granted more, parks again with that news: otherwise the others' next consistent point
+        waited for it for ever, while it waited for them in the final exchange of bad samples."""
         self._collect()
-        if not (self.parked and self.step == self.pushed_at):
+        untold = (self.bad_samples or self.diverged) and self.grant and not self.final
+        if not (self.parked and self.step == self.pushed_at) or untold:
             self._push(self.step, park=True)
 
     def before_evaluation(self) -> None:
