@@ -1,5 +1,6 @@
 """The containers every dataset loader returns, kept apart so loaders can import them."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,19 @@ class DataInfo:
     # (x - mean) / std per channel when these are given.
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+
+
+def other_classes(trained: Sequence[str], found: Sequence[str]) -> str:
+    """How the data's class names (``found``) differ from those a model was trained on, in a phrase; "" where they
+    do not, or where either names none."""
+    trained, found = [str(name) for name in trained], [str(name) for name in found]     # as the config keeps them
+    if not trained or not found or trained == found:
+        return ""
+    if len(trained) != len(found):
+        return f"{len(found)} classes are not the {len(trained)} it was trained on (a class folder added or removed?)"
+    i = next(i for i, (a, b) in enumerate(zip(trained, found)) if a != b)
+    return (f"class {i} is {found[i]!r}, where it was trained on {trained[i]!r} (class folders renamed? their names, "
+            "sorted, give the labels)")
 
 
 @dataclass

@@ -20,7 +20,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from harness.launch.cluster import ClusterStart, check_start, detect, unbind_from_mpi
 from harness.launch.launchers import Launcher, make_launcher
@@ -527,10 +527,12 @@ def check_early_stop(config: TrainConfig, validated: bool) -> None:
 
 
 def _check_resumable(config: TrainConfig, saved: dict) -> None:
+    from harness.checkout.datasets import holds_out
+    from harness.checkout.datasets.split import other_classes
     before = {"grad_accum": 1, **saved["config"]}       # checkpoints from before --grad-accum
     fixed = {name: "" for name in FIXED_ON_RESUME}
     fixed.update({name: " (it stopped mid-epoch)" for name in FIXED_MID_EPOCH if saved.get("position")})
-    if before.get("val_fraction") and _holds_out(config):
+    if before.get("val_fraction") and holds_out(config.dataset, config.data_dir):
         fixed.update({name: " (its validation samples are held out of the training set by --seed and --val-fraction: "
                             "others would validate on samples it trained on)" for name in SPLIT_BY})
     if any(part.get("pending") for part in saved.get("ranks") or []):
@@ -551,24 +553,6 @@ def _check_resumable(config: TrainConfig, saved: dict) -> None:
         raise ConfigError(f"--resume {config.resume} has trained {done} updates{every}, and this run's length is "
                           f"{total} ({length}{' each' if every else ''}): nothing is left to train; pass a larger "
                           "--epochs or --max-steps to train more")
-
-
-def other_classes(trained: Sequence[str], found: Sequence[str]) -> str:
-    """How the data's class names (``found``) differ from those a model was trained on, in a phrase; "" where they
-    do not, or where either names none."""
-    trained, found = [str(name) for name in trained], [str(name) for name in found]     # as the config keeps them
-    if not trained or not found or trained == found:
-        return ""
-    if len(trained) != len(found):
-        return f"{len(found)} classes are not the {len(trained)} it was trained on (a class folder added or removed?)"
-    i = next(i for i, (a, b) in enumerate(zip(trained, found)) if a != b)
-    return (f"class {i} is {found[i]!r}, where it was trained on {trained[i]!r} (class folders renamed? their names, "
-            "sorted, give the labels)")
-
-
-def _holds_out(config: TrainConfig) -> bool:
-    from harness.checkout.datasets import holds_out
-    return holds_out(config.dataset, config.data_dir)
 
 
 def _saved_as(name: str, value: object) -> str:

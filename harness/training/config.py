@@ -259,8 +259,8 @@ def _refuse_unknown_fields(init: Callable[..., None]) -> Callable[..., None]:
         names = [f.name for f in dataclasses.fields(TrainConfig)]
         for key in values:
             if key not in names:
-                raise ConfigError(f"TrainConfig has no field {key!r}{did_you_mean(key, names)}; its fields are Train.py's flags with '_' "
-                                  "for '-' (python Train.py --help)")
+                raise ConfigError(f"TrainConfig has no field {key!r}{did_you_mean(key, names)}; its fields are "
+                                  "Train.py's flags with '_' for '-' (python Train.py --help)")
         init(self, *args, **values)
     return checked
 

@@ -11,9 +11,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from harness.checkout.datasets.split import other_classes
 from harness.data.batch import Batch, call_model, is_pair, samples
 from harness.resilience.checkpoint import ModelMismatch, load_model_state
-from harness.training.checks import other_classes
 from harness.training.config import TrainConfig
 from harness.training.losses import logits_of, make_loss
 

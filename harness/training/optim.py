@@ -91,9 +91,9 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     takes every group setting from the saved state, so a checkpoint written by a foreach run would resume as
     foreach whatever --optimizer-impl says, and a --resume with another --lr would train with the saved one
     (a schedule sets the rate at every update anyway, from the run's --lr); and a fused or capturable update
-    wants its step count on the parameters' device, in float32, where a CPU-written checkpoint has it on the host. Host tensors are
-    copied: torch keeps a tensor already on the right device as the state itself, and one of a memory-mapped
-    checkpoint would keep the file mapped (its disk space held after the next save replaces it)."""
+    wants its step count on the parameters' device, in float32, where a CPU-written checkpoint has it on the host.
+    Host tensors are copied: torch keeps a tensor already on the right device as the state itself, and one of a
+    memory-mapped checkpoint would keep the file mapped (its disk space held after the next save replaces it)."""
     import torch
 
     kept = [{k: group[k] for k in THIS_RUNS if k in group} for group in optimizer.param_groups]
