@@ -21,13 +21,9 @@ from harness.plugins import find_in_working_folder
 from harness.resilience.interrupt import Interrupted, Interrupts, finished
 from harness.resilience.recovery import GaveUp
 from harness.training.config import ConfigError, TrainConfig
-from harness.training.driver import CheckFailed, Diverged, run
+from harness.training.driver import Diverged, raised, run
 from harness.training.nodes import exit_status, serve_node
 from harness.training.flags import parse
-
-
-# What a worker raises about the data with a message that names the file and the fix: said alone, no traceback
-DATA_ERRORS = ("DataError", "SampleError", "TooManyBadSamples")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -54,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Train.py: error: {e}", file=sys.stderr)
             return exit_status(e)
         except (ChildError, Diverged) as e:         # the training code raised: a restart would raise it again
-            failed = ("checking the inputs failed: " if isinstance(e, CheckFailed) else
-                      "training failed: " if isinstance(e, ChildError) else "")
-            said = e.message if isinstance(e, ChildError) and e.raised.rpartition(".")[2] in DATA_ERRORS else e
-            print(f"Train.py: {failed}{said}", file=sys.stderr)
+            print(f"Train.py: {raised(e)}", file=sys.stderr)
             return exit_status(e)
         except (ChildFailed, GaveUp, NodeLost) as e:    # workers died: an engine that started us may start us again
             print(f"Train.py: training failed: {e}", file=sys.stderr)

@@ -47,6 +47,18 @@ class CheckFailed(ChildError):
     anything trained; carries the child's traceback as ChildError does."""
 
 
+# What a worker raises about the data with a message that names the file and the fix: said alone, no traceback
+DATA_ERRORS = ("DataError", "SampleError", "TooManyBadSamples")
+
+
+def raised(error: ChildError | Diverged) -> str:
+    """Train.py's line for training code that raised: rank 0's checks, the training, or the loss diverging."""
+    if not isinstance(error, ChildError):
+        return str(error)
+    said = error.message if error.raised.rpartition(".")[2] in DATA_ERRORS else str(error)
+    return ("checking the inputs failed: " if isinstance(error, CheckFailed) else "training failed: ") + said
+
+
 def run(config: TrainConfig, *, interrupts: Interrupts | None = None, marks: dict | None = None) -> list[dict]:
     """Check ``config``, train it on its workers and return each worker's summary (``rank``, ``step``,
     ``epoch``, ``checksum`` of the final parameters, ``interrupted``: the signal that stopped it, if any).
