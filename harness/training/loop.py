@@ -340,7 +340,8 @@ class Worker(Saving, Healing):
 
     def report(self, loss: torch.Tensor, done: int, started: float) -> None:
         """The first step's mark (one synchronisation, so that it is when the step really ended), and
-        rank 0's progress record every REPORT_EVERY_S."""
+        rank 0's progress record every REPORT_EVERY_S and at the run's last update (a short run's log then
+        still holds the rate and loss it ended on)."""
         s = self.state
         if s.step == self.first:
             first_loss = loss.item()
@@ -348,7 +349,7 @@ class Worker(Saving, Healing):
             if self.lead:
                 self.ctx.send({"event": "first_step", "step": s.step, "loss": first_loss})
             self.report_memory()
-        if not self.lead or time.monotonic() - self.last_report < REPORT_EVERY_S:
+        if not self.lead or (time.monotonic() - self.last_report < REPORT_EVERY_S and not self.over()):
             return
         self.last_report = time.monotonic()
         if self.last_report - self.memory_at >= MEMORY_EVERY_S:
