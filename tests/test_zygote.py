@@ -6,8 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from harness import Parent
-from harness.launch import zygote
+from harness.launch import session, zygote
 from tests.helpers.processes import alive, wait_gone
 
 
@@ -134,11 +136,13 @@ def test_idle_zygotes_of_other_environments_stay_warm_up_to_kept_and_the_least_r
     assert wait_gone([second], 5.0) == [] and alive(first) and alive(third)
 
 
-def test_a_ctrl_c_while_the_zygote_imports_is_ignored_as_it_is_once_warm():
-    """Ctrl-C reaches the zygote with the whole process group; one during its first import printed a
-    KeyboardInterrupt traceback and killed it. Its command ignores SIGINT and SIGTERM before it imports anything:
-    here the import is replaced by a SIGINT and a SIGTERM to itself."""
-    before_import = zygote.START[:zygote.START.index("from harness")]
+@pytest.mark.parametrize("command", [zygote.START, session.COMMAND], ids=["zygote", "host session"])
+def test_a_ctrl_c_while_the_zygote_or_a_host_session_imports_is_ignored_as_it_is_once_warm(command):
+    """Ctrl-C reaches the zygote with the whole process group, and Slurm signals a step's every process (a host
+    session); one during the first import printed a KeyboardInterrupt traceback and killed it. Their commands
+    ignore SIGINT and SIGTERM before they import anything: here the import is replaced by a SIGINT and a SIGTERM
+    to itself."""
+    before_import = command[:command.index("from harness")]
     assert before_import.strip()
     signalled = before_import + "import os, signal; os.kill(os.getpid(), signal.SIGINT); " \
                                 "os.kill(os.getpid(), signal.SIGTERM); print('imported')"

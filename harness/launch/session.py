@@ -30,13 +30,13 @@ import json
 import os
 import queue
 import select
-import signal
 import subprocess
 import sys
 import threading
 import time
 from typing import Sequence
 
+from . import zygote
 from .remote import HEARTBEAT, NEWS, Channel, RemoteChild, Served
 
 __all__ = ["Session", "main"]
@@ -44,7 +44,7 @@ __all__ = ["Session", "main"]
 TAIL = 5                    # lines of a session's stderr quoted when it ends early
 CLOSE_GRACE = 5.0           # s a closed session gets to end its children and exit before it is killed
 FIRST_WORD = 60.0           # s a new session may take to say anything (ssh's connection, srun's step, imports)
-COMMAND = "from harness.launch.session import main; main()"     # python -c COMMAND TIMEOUT
+COMMAND = zygote.DEAF + "from harness.launch.session import main; main()"     # python -c COMMAND TIMEOUT
 LOST_STATUS = 255           # a lost session's children's exit status: ssh's own, for a connection lost
 
 
@@ -217,10 +217,9 @@ class Pipes(Channel):
 
 
 def main() -> None:
-    """The session's process (``python -c COMMAND TIMEOUT``): serve the parent on stdin and stdout until it
+    """The session's process (``python -c COMMAND TIMEOUT``, deaf to SIGINT and SIGTERM before its first import:
+    Slurm signals a step's every process, and the workers decide): serve the parent on stdin and stdout until it
     ends the session; the children's stdout goes to this process's stderr."""
-    for signum in (signal.SIGINT, signal.SIGTERM):     # Slurm signals a step's every process: the workers decide
-        signal.signal(signum, signal.SIG_IGN)
     out = os.dup(1)
     os.dup2(2, 1)
     try:

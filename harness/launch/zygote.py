@@ -134,9 +134,10 @@ class Forked:
             self._changed.notify_all()
 
 
-# Ctrl-C ignored before the first import: one in the zygote's first second printed a KeyboardInterrupt traceback
-START = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "from harness.launch.zygote import main; main()")
+# Ctrl-C ignored before the first import: one in the zygote's first second printed a KeyboardInterrupt traceback.
+# A host session's command (harness/launch/session.py) begins with it too.
+DEAF = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+START = DEAF + "from harness.launch.zygote import main; main()"
 
 
 class Zygote:
