@@ -94,7 +94,7 @@ def holds_out(name: str, data_dir: str | None) -> bool:
     return name in DATASETS
 
 
-def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **options) -> tuple[Split, Split]:
+def load_dataset(name: str, /, data_dir: str | None = None, seed: int = 0, **options) -> tuple[Split, Split]:
     """Load the in-memory dataset `name`; options go to its loader (e.g. synthetic's shape, size, tokens)."""
     if name not in DATASETS:
         raise ValueError(unknown(name))
@@ -119,7 +119,7 @@ def _refuse_unknown(name: str, loader: Callable[..., Any], options: dict[str, An
                         + (f"; its options: {', '.join(taken)}" if taken else "; it takes none"))
 
 
-def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
+def open_data(name: str, /, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
               **options) -> Data:
     """The run's splits: in-memory ones hold out the last ``val_fraction`` of train for validation."""
     from .split import Split
@@ -141,7 +141,7 @@ def open_data(name: str, data_dir: str | None = None, seed: int = 0, val_fractio
     return Data(train, val, val)
 
 
-def check_data(name: str, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
+def check_data(name: str, /, data_dir: str | None = None, seed: int = 0, val_fraction: float = 0.0,
                max_bad_samples: int = 0, **options) -> Facts:
     """The data's facts without loading a streamed dataset: it is scanned and the first sample of each split
     that loads is decoded (up to ``max_bad_samples`` before it are skipped, named on stderr, as training skips

@@ -26,7 +26,7 @@ from harness.plugins import check_call, import_factory
 from .split import DataError, DataInfo
 
 
-def open_custom(spec: str, data_dir: str | None, seed: int = 0, **options: Any) -> tuple[Any, Any]:
+def open_custom(spec: str, data_dir: str | None, seed: int = 0, /, **options: Any) -> tuple[Any, Any]:
     """(train, val) from the factory named by ``spec``; val may be None."""
     factory = import_factory(spec, "dataset", "factory(split, data_dir, **options)")
     check_call(factory, f"--dataset {spec}", "factory(split, data_dir, **options)", "train", data_dir, **options)

@@ -53,7 +53,7 @@ def _refuse_unnamed(spec: str, what: str) -> None:
                      f"function's name{guess}")
 
 
-def check_call(factory: Callable[..., Any], what: str, signature: str, *args: Any, **kwargs: Any) -> None:
+def check_call(factory: Callable[..., Any], what: str, signature: str, /, *args: Any, **kwargs: Any) -> None:
     """A ValueError naming ``what`` and the call the harness makes (``signature``) where ``factory`` cannot take
     these arguments: a factory of the wrong shape otherwise failed with Python's bare "takes 0 positional
     arguments but 2 were given", which names neither. One without a signature to read is left to its call."""

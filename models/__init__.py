@@ -28,7 +28,7 @@ def model_names() -> list[str]:
     return sorted(MODELS)
 
 
-def build_model(name: str, info, **options) -> torch.nn.Module:
+def build_model(name: str, info, /, **options) -> torch.nn.Module:
     """Build a registered model or a `package.module:factory`, so users plug in models without editing this file."""
     if name in MODELS:
         return MODELS[name](info, **options)

@@ -24,6 +24,11 @@ def tiny_factory(info, width: int = 3) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(info.input_shape[0], width))
 
 
+def named_factory(info, name: str, what: str, signature: str) -> torch.nn.Module:
+    """Options named as build_model's and check_call's own parameters (a checkpoint's name, say)."""
+    return torch.nn.Linear(info.input_shape[0], len(name + what + signature))
+
+
 def test_registry_lists_all_models():
     assert model_names() == sorted(MODELS) == ["cnn", "gpt", "hf-causal-lm", "mlp", "oddeven", "resnet18", "resnet50"]
 
@@ -130,6 +135,12 @@ def test_image_model_rejects_token_data():
 def test_module_factory_form_builds_user_model():
     model = build_model(f"{__name__}:tiny_factory", DataInfo("vector", (4,), 2), width=5)
     assert model(torch.rand(2, 4)).shape == (2, 5)
+
+
+def test_a_factory_s_options_may_be_named_as_the_harness_s_own_arguments():
+    """--model-options '{"name": ...}' met build_model's own ``name``: "got multiple values for argument 'name'"."""
+    model = build_model(f"{__name__}:named_factory", DataInfo("vector", (4,), 2), name="ab", what="c", signature="")
+    assert model.out_features == 3
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,20 @@ def test_factory_datasets_get_their_info_from_samples_and_classes(tmp_path, monk
         open_data("my_data:nothing")
 
 
+def test_a_dataset_factory_s_options_may_be_named_as_the_harness_s_own_arguments(tmp_path, monkeypatch):
+    """--dataset-options '{"name": ...}' (a Hugging Face dataset's name, say) met open_data's and check_data's own
+    ``name``: "got multiple values for argument 'name'"."""
+    (tmp_path / "named_data.py").write_text(
+        "import torch\n"
+        "def make(split, data_dir, name, spec, signature):\n"
+        "    n = len(name + spec + signature)\n"
+        "    return torch.utils.data.TensorDataset(torch.zeros(n, 2), torch.arange(n) % 2) if split == 'train' else None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    options = {"name": "wikitext", "spec": "x", "signature": ""}
+    assert len(open_data("named_data:make", None, **options).train) == 9
+    assert check_data("named_data:make", None, **options).samples == 9
+
+
 def test_reading_windows_does_not_pile_mapped_pages_onto_the_reader(tmp_path):
     """Without unmapping after each read, 3000 random windows of a 512 MB file map at least 3000 x 64 KB."""
     from harness.training.metrics import worker_memory_mb
