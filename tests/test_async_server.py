@@ -28,7 +28,7 @@ from harness.collectives.wire import Wire
 from harness.data.bad_samples import RunCount
 from harness.resilience.checkpoint import load_checkpoint
 from harness.training.metrics import read_metrics
-from tests.helpers import slow_model
+from tests.helpers import held_model, slow_model
 from tests.helpers.batchnorm_model import SPEC as BATCHNORM_MODEL
 from tests.helpers.diverging_model import SPEC as DIVERGING_MODEL
 from tests.helpers.processes import wait_gone
@@ -708,8 +708,9 @@ def test_a_run_stopped_by_sigterm_resumes_from_the_server_s_state_and_ends_bit_f
     """Every worker stops after its grant (K each at S = 0), parks, and rank 0 saves the server's anchor,
     momentum, version and budget spent with every rank's own state, int8 exchanges' rounding error that each
     worker carries into its next push among it (fp32 runs stop and resume so in the tests below)."""
-    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "240", "--outer-dtype", "int8"]
-    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
+    flags = ["--mode", "async", "--max-staleness", "0", *SERVED, "--max-steps", "240", "--outer-dtype", "int8",
+             *held_model.flags(tmp_path / "gate", 100)]
+    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags, tmp_path / "gate")
     saved = load_checkpoint(checkpoint)
     assert step % 8 == 0 and saved["ranks"][0]["server"]["version"] == step // 8
     assert saved["ranks"][0]["server"]["updates"] == [step, step]

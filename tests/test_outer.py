@@ -15,6 +15,7 @@ from harness.collectives.outer import AVERAGE, OuterOptimizer, OuterSynchroniser
 from harness.resilience.checkpoint import load_checkpoint
 from harness.resilience.heal import Where, hand_over_anchor
 from harness.training.metrics import read_metrics
+from tests.helpers import held_model
 from tests.helpers.collectives import small_model
 from tests.helpers.runs import interrupt, killed_at, records_of
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
@@ -167,8 +168,8 @@ def test_streaming_diloco_resumed_after_a_sigterm_with_an_exchange_in_flight_end
     """The stop vote stops at a multiple of 4 updates, where a fragment's int8 exchange (fragments at
     updates 0 and 4 mod 8, applied 2 later) has just been launched: it is in the checkpoint."""
     flags = [*DILOCO, "--fragments", "2", "--outer-delay", "2", "--outer-dtype", "int8", "--max-steps", "200",
-             "--batch-size", "8"]
-    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)
+             "--batch-size", "8", *held_model.flags(tmp_path / "gate", 100)]
+    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags, tmp_path / "gate")
     saved = load_checkpoint(checkpoint)
     assert [p[:3] for p in saved["ranks"][0]["pending"]] == [(step % 8 // 4, step, step + 2)]
     # rank 0's AdamW state is in the file once: the top level's is its own part's, the same storage

@@ -17,6 +17,7 @@ from harness.training.schedule import learning_rate
 from harness.training.build import model_loss
 from harness.training.losses import default_loss
 from harness.training.step import TrainStep, clip_grad_norm
+from tests.helpers import held_model
 from tests.helpers.collectives import Recording, small_model
 from tests.helpers.runs import interrupt
 from tests.helpers.training import flat_params, run_train, train_error
@@ -143,8 +144,9 @@ def test_clipping_the_flat_gradients_or_autograd_s_own_equals_clip_grad_norm(fla
 def test_a_scheduled_clipped_run_logs_its_rate_and_norm_writes_tensorboard_and_resumes_exactly(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     flags = ["--max-steps", "200", "--batch-size", "8", "--lr-schedule", "cosine", "--warmup-steps", "30",
-             "--min-lr", "0.001", "--clip-grad", "0.5", "--validate-every", "50"]
-    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags)       # stopped part-way, saved
+             "--min-lr", "0.001", "--clip-grad", "0.5", "--validate-every", "50",
+             *held_model.flags(tmp_path / "gate", 100)]
+    step, checkpoint = interrupt(tmp_path, signal.SIGTERM, False, flags, tmp_path / "gate")    # stopped soon after 100
     _, straight = run_train(tmp_path, *flags, "--tensorboard", name="straight")
     _, resumed = run_train(tmp_path, *flags, "--resume", checkpoint, name="resumed")
     assert (flat_params(straight) - flat_params(resumed)).norm() <= 1e-6 * flat_params(straight).norm()

@@ -23,10 +23,10 @@ WAIT = 120.0        # seconds a test waits for a record or a line before it fail
 STARTED: list[subprocess.Popen] = []     # every Train.py started, for ``end_every_run``
 
 
-def start_train(tmp_path: Path, *flags: str) -> subprocess.Popen:
+def start_train(tmp_path: Path, *flags: str, until: str = "step") -> subprocess.Popen:
     """Train.py in its own session (so a signal to its group reaches only it and its workers), with
     a private TMPDIR and tmp_path on its ``sys.path`` (a test's own model module); returns the process
-    once rank 0 has reported an update past start-up."""
+    once rank 0 has reported an update past start-up (``until`` "first_step": its first update)."""
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
@@ -34,7 +34,7 @@ def start_train(tmp_path: Path, *flags: str) -> subprocess.Popen:
                                 "--log-dir", str(tmp_path / "logs"), *flags], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     STARTED.append(process)
-    wait_for_record(process, tmp_path, lambda records: any(r["event"] == "step" for r in records))
+    wait_for_record(process, tmp_path, lambda records: any(r["event"] == until for r in records))
     return process
 
 
@@ -42,10 +42,13 @@ def wait_for_record(process: subprocess.Popen, tmp_path: Path, found: Callable[[
     """The run's records (metrics.jsonl) once ``found(records)`` is true; fails after WAIT s or when
     Train.py ends first, showing its records and output."""
     log, deadline, records = tmp_path / "logs" / "metrics.jsonl", time.monotonic() + WAIT, []
-    while time.monotonic() < deadline and process.poll() is None:
+    while time.monotonic() < deadline:
+        ended = process.poll() is not None      # then the log is read once more: its last records came before
         records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         if found(records):
             return records
+        if ended:
+            break
         time.sleep(0.05)
     _fail(process, f"Train.py did not report what the test waits for; its records: {[r['event'] for r in records]}")
 
@@ -123,18 +126,26 @@ def finish(process: subprocess.Popen, tmp_path: Path) -> tuple[int, str, list[in
     return process.returncode, err, left, out
 
 
-def interrupt(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[str]) -> tuple[int, str]:
+def interrupt(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[str],
+              gate: Path | None = None) -> tuple[int, str]:
     """Train, send ``sig`` mid-run to the group (as Ctrl-C does) or to the parent only (as ``kill``
-    does); check the clean stop. Returns the update it stopped at and its checkpoint."""
-    step, checkpoint, _ = interrupted(tmp_path, sig, to_group, flags)
+    does); check the clean stop. Returns the update it stopped at and its checkpoint. ``gate``: the run's
+    model is held until that file exists (tests/helpers/held_model.py); the signal is sent once it has trained
+    its first update, and the gate opened once Train.py has said it is stopping."""
+    step, checkpoint, _ = interrupted(tmp_path, sig, to_group, flags, gate)
     return step, checkpoint
 
 
-def interrupted(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[str]) -> tuple[int, str, str]:
+def interrupted(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list[str],
+                gate: Path | None = None) -> tuple[int, str, str]:
     """``interrupt``, which also returns the command the last line says to continue with."""
-    process = start_train(tmp_path, *flags)
+    process = start_train(tmp_path, *flags, until="first_step" if gate else "step")
     os.killpg(process.pid, sig) if to_group else os.kill(process.pid, sig)
+    said = wait_for_stderr(process, f"{sig.name}: finishing the current update") if gate else ""
+    if gate:
+        gate.touch()
     status, err, left, _ = finish(process, tmp_path)
+    err = said + err
 
     assert status == 128 + sig, err
     assert "Traceback" not in err
