@@ -75,12 +75,14 @@ def receives_late(ctx):
 def test_a_receive_that_waits_long_says_what_it_waits_for_and_still_takes_what_comes(kids, capfd):
     """A child in ctx.receive() while its parent waits in wait() waits for ever: the child says so in time."""
     kids.exec(receives_late)
-    time.sleep(1.0)
+    hints = [f"[{r}] ctx.receive() has waited 0 s for the parent to send; the parent sends with send()" for r in range(3)]
+    out, deadline = "", time.monotonic() + 60
+    while not all(hint in out for hint in hints) and time.monotonic() < deadline:     # printed as it waits
+        time.sleep(0.05)
+        out += capfd.readouterr().out
+    assert all(hint in out for hint in hints), out
     kids.send("late")
     assert kids.wait() == ["late"] * 3
-    out = capfd.readouterr().out
-    for r in range(3):
-        assert f"[{r}] ctx.receive() has waited 0 s for the parent to send; the parent sends with send()" in out
 
 
 def test_context_fields(kids):

@@ -37,7 +37,7 @@ def test_a_killed_and_a_hung_worker_are_healed_and_the_run_equals_the_uninterrup
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, recovered(1))
     hung = workers_of(process)[0]
-    os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 3 s: killed, then healed
+    os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 5 s: killed, then healed
     status, err, left, out = finish(process, tmp_path)
     kill_quietly(hung, signal.SIGCONT)
 

@@ -72,7 +72,7 @@ def test_a_killed_and_a_hung_worker_restart_from_checkpoints_and_the_run_ends_as
     os.kill(workers_of(process)[1], signal.SIGKILL)
     wait_for_record(process, tmp_path, after_restarts(1, "saved"))
     hung = workers_of(process)[0]
-    os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 3 s: killed, then restarted
+    os.kill(hung, signal.SIGSTOP)               # silent for --heartbeat-timeout 5 s: killed, then restarted
     status, err, left, out = finish(process, tmp_path)
     kill_quietly(hung, signal.SIGCONT)
 
