@@ -261,13 +261,15 @@ def test_replace_needs_a_group_forked_to_heal():
 
 
 def test_soak_of_five_kills_and_hangs_in_one_run_ends_bit_exact_with_nothing_left():
-    """The heal soak (tests/helpers/soak.py): one run of 150 updates, 5 signals (SIGKILL and SIGSTOP
+    """The heal soak (tests/helpers/soak.py): one run of 250 updates, 5 signals (SIGKILL and SIGSTOP
     at random moments; seed 0 draws both kinds, and a hang right after a hang), each sent once training
     has gone on after the last heal, so heals follow heals and the spare is replaced again and again.
+    A signal waits for a progress record after the last heal (one every 0.5 s, 25 updates) and then up to
+    0.3 s more: 40 updates at most, so 5 of them land before the run ends however the heals go.
     Its time limit ends it, and every process of it, well before pytest's timeout would. A hang counts
     after 4 s of silence rather than the soak's 2, so that a survivor slowed by the other xdist workers'
     tests is not taken for hung mid-heal. ``python -m scripts.soak_heal`` runs more."""
-    [row] = soak(runs=1, kills=5, steps=150, time_limit=SOAK_LIMIT, train_flags=["--heartbeat-timeout", "4"])
+    [row] = soak(runs=1, kills=5, steps=250, time_limit=SOAK_LIMIT, train_flags=["--heartbeat-timeout", "4"])
 
     shown = json.dumps(row, indent=1)        # the whole row, its stderr's tail included
     assert row["kills"] == 5 and {"SIGKILL", "SIGSTOP"} <= set(row["signals"]), shown
