@@ -29,6 +29,7 @@ from tests.helpers.ci import missing
 from tests.helpers.engines import RECORDED, Job, PyTorchJob, Torchrun, key_file, mpirun
 from tests.helpers.netns_hosts import Hosts
 from tests.helpers.processes import harness_children
+from tests.helpers import slow_model
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS
 from tests.helpers.training import flat_params, run_train, train_error
 
@@ -312,7 +313,8 @@ def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_re
     """The master pod's Train.py SIGKILLed after a checkpoint, and the pod started again (an ExitCode policy
     re-creates it): the worker's agent, which lost the parent, waits for it, says the job restarted, and
     the run resumes from the checkpoint and ends with the parameters of its uninterrupted run."""
-    flags = slow_flags(1, "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    flags = slow_flags(1, *slow_model.held(tmp_path / "gate", 30), "--save", str(tmp_path / "job.pt"), "--log-dir",
+                       str(tmp_path / "logs"))
     job = PyTorchJob(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
     try:
         job.resolve(1)
@@ -320,6 +322,7 @@ def test_a_master_pod_re_created_after_its_death_finds_the_waiting_worker_and_re
         job.start(1)
         wait_for(job, tmp_path, "saved")
         job.processes[0].kill()
+        (tmp_path / "gate").touch()
         assert job.processes[0].wait() == -signal.SIGKILL
         job.await_output(1, "lost the parent; waiting up to 60 s for it to come back")
         job.start(0)
@@ -356,11 +359,12 @@ def test_a_child_killed_with_healing_off_restarts_the_group_on_the_same_nodes_fr
                                                                                                  tmp_path):
     """``--heal off --max-restarts 1``: the parent starts a new group through the same agents, which resumes
     from the last checkpoint and ends with the uninterrupted run's parameters (torchrun sees nothing)."""
-    flags = slow_flags(1, "--max-restarts", "1", "--heal", "off", "--save", str(tmp_path / "model.pt"), "--log-dir",
-                       str(tmp_path / "logs"))
+    flags = slow_flags(1, *slow_model.held(tmp_path / "gate", 30), "--max-restarts", "1", "--heal", "off", "--save",
+                       str(tmp_path / "model.pt"), "--log-dir", str(tmp_path / "logs"))
     job = Torchrun(hosts, tmp_path, *flags, env={"OMP_NUM_THREADS": "1"})
     wait_for(job, tmp_path, "saved")
     os.kill(children_on(hosts, 1)[0], signal.SIGKILL)
+    (tmp_path / "gate").touch()
     assert job.wait() == [0, 0], job.output(0)[-3000:]
 
     done = records(tmp_path)
@@ -389,15 +393,18 @@ def test_an_sbatch_job_requeued_after_a_checkpoint_runs_again_resumes_by_itself_
     Train.py on two nodes, once it has saved: Slurm ends the job (SIGTERM to both tasks: node 0 stops the
     run at one update and saves there) and runs the script again with SLURM_RESTART_COUNT=1, and the same
     command resumes from that checkpoint by itself and ends with the uninterrupted run's parameters."""
-    # 100 updates (3 s at least) after the first checkpoint for the requeue to land; a heartbeat timeout that
+    # held at update 60 until Slurm's SIGTERM has come, whenever the requeue lands; a heartbeat timeout that
     # a machine busy starting two runs of Train.py at once does not reach (it changes no arithmetic)
     more = ["--max-steps", "120", "--heartbeat-timeout", "10"]
     _, straight = run_train(tmp_path, *slow_flags(2, *more), name="straight")
-    flags = slow_flags(1, *more, "--save", str(tmp_path / "job.pt"), "--log-dir", str(tmp_path / "logs"))
+    flags = slow_flags(1, *more, *slow_model.held(tmp_path / "gate", 60), "--save", str(tmp_path / "job.pt"),
+                       "--log-dir", str(tmp_path / "logs"))
     job = Job(slurm, tmp_path, *flags, per_node=1, nodes=2, step=True, requeue=True,
               env={"HARNESS_KEY_FILE": str(key_file(tmp_path)), "OMP_NUM_THREADS": "1"})
     wait_for(job, tmp_path, "saved")
     job.requeue()
+    job.await_text("SIGTERM: finishing the current update")
+    (tmp_path / "gate").touch()
     assert job.wait(240) == 0, job.tail()
 
     output, done = job.text(), records(tmp_path)

@@ -24,6 +24,7 @@ from harness.training.optim import FUSED, build_optimizer
 from harness.resilience.checkpoint import load_checkpoint
 from tests.helpers.processes import harness_children_below, kill_quietly
 from tests.helpers.runs import finish, left_in_tmp, recovered, records_of, start_train, wait_for_record, workers_of
+from tests.helpers import slow_model
 from tests.helpers.slow_model import FLAGS as SLOW_FLAGS, HANG_FLAGS
 from tests.helpers.soak import faults, soak
 from tests.helpers.training import flat_params, flat_state
@@ -95,10 +96,12 @@ def test_two_workers_dying_at_once_fall_back_to_a_restart_from_the_checkpoint(tm
     """The second death is found while the first is being healed: the group restarts instead."""
     # No hang in this test: a longer heartbeat timeout keeps a restarted worker that is slow to start
     # on a busy 2-core machine from counting as hung.
-    process = start_train(tmp_path, *FLAGS, "--max-restarts", "2", "--heartbeat-timeout", "15")
+    process = start_train(tmp_path, *FLAGS, *slow_model.held(tmp_path / "gate", 30), "--max-restarts", "2",
+                          "--heartbeat-timeout", "15")
     wait_for_record(process, tmp_path, lambda records: any(r["event"] == "saved" for r in records))
     for pid in workers_of(process)[:2]:
         os.kill(pid, signal.SIGKILL)
+    (tmp_path / "gate").touch()
     status, err, left, out = finish(process, tmp_path)
 
     assert status == 0, err

@@ -243,6 +243,12 @@ class Job:
     def tail(self) -> str:
         return self.text()[-6000:]
 
+    def await_text(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.text():
+            assert time.monotonic() < deadline, f"job {self.id} did not say {text!r}:\n{self.tail()}"
+            time.sleep(0.1)
+
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while (state := self.state())[0] in self.ACTIVE:

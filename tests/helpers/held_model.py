@@ -37,6 +37,7 @@ def model(info, hold_at: int, gate: str, name: str = "mlp", **options) -> torch.
     return built
 
 
-def flags(gate: Path, hold_at: int, name: str = "mlp") -> list[str]:
-    """Train.py's flags for ``name`` held at ``hold_at`` until ``gate`` exists."""
-    return ["--model", SPEC, "--model-options", json.dumps({"hold_at": hold_at, "gate": str(gate), "name": name})]
+def flags(gate: Path, hold_at: int, name: str = "mlp", **options) -> list[str]:
+    """Train.py's flags for ``name`` built with ``options``, held at ``hold_at`` until ``gate`` exists."""
+    return ["--model", SPEC, "--model-options",
+            json.dumps({"hold_at": hold_at, "gate": str(gate), "name": name, **options})]

@@ -3,11 +3,15 @@ tests of signals, restarts and healing, and the heal soak. Train.py takes it as 
 (its workers import it from the checkout, which is on their ``sys.path``)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
+
+from tests.helpers import held_model
 
 SPEC = f"{__name__}:model"
 # The job the heal and restart tests run: 60 updates of 30 ms on three CPU workers. How often it
@@ -15,7 +19,8 @@ SPEC = f"{__name__}:model"
 # parameters of its uninterrupted run (the ``slow_straight`` fixture). Its heartbeat timeout is long
 # enough that a worker slowed by a busy machine (tests run on several xdist workers) never counts as
 # hung; a test that hangs a worker on purpose passes HANG_FLAGS after these.
-FLAGS = ["--model", SPEC, "--model-options", '{"delay": 0.03}', "--batch-size", "8", "--cpu-workers", "3",
+DELAY = 0.03
+FLAGS = ["--model", SPEC, "--model-options", json.dumps({"delay": DELAY}), "--batch-size", "8", "--cpu-workers", "3",
          "--max-steps", "60", "--heartbeat-timeout", "10"]
 HANG_FLAGS = ["--heartbeat-timeout", "5"]     # only the hung one counts as hung, however loaded the machine
 _trained_here = 0       # training forwards of this process, over all its models (see Slow's gate)
@@ -65,3 +70,10 @@ def model(info, delay: float = 0.25, ballast: int = 0, rank: int | None = None, 
     first = os.environ.get("HARNESS_GENERATION", "0") == "0"
     kill_at = kill[1] if kill and mine == str(kill[0]) and first else None
     return Slow(64, info.num_classes, delay if slow else 0.0, ballast, term_at if mine == "0" else None, kill_at, gate)
+
+
+def held(gate: Path, at: int) -> list[str]:
+    """FLAGS' model, held at each worker's training forward ``at`` until ``gate`` exists (tests/helpers/held_model.py),
+    as flags to put after FLAGS: a test that kills a worker once update 20 is saved opens the gate after the kill,
+    which then lands before update ``at`` however loaded the machine is."""
+    return held_model.flags(gate, at, SPEC, delay=DELAY)
