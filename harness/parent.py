@@ -105,7 +105,7 @@ class Children:
         """The hosts the group runs on, in rank order, each once."""
         return list(dict.fromkeys(self._hosts))
 
-    def exec(self, fn: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> None:
+    def exec(self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any) -> None:
         """Run ``fn(ctx, *args, **kwargs)`` in every child (shipped with cloudpickle); returns at once. ``fn`` may
         be a ``"package.module:function"`` name the children import: the parent need not import its module."""
         self._watch.raise_if_failed()

@@ -90,6 +90,12 @@ def test_context_fields(kids):
     assert kids.wait() == [(r, 3, "cpu", None) for r in range(3)]
 
 
+def test_exec_passes_keywords_named_as_its_own_argument(kids):
+    """A function of the user's with a keyword ``fn`` met exec's own: "got multiple values for argument 'fn'"."""
+    kids.exec(lambda ctx, fn, *, args: (ctx.rank, fn, args), fn="f", args=())
+    assert kids.wait() == [(r, "f", ()) for r in range(3)]
+
+
 def times_rank(ctx, k):
     return ctx.rank * k
 
