@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.launch.cluster import ClusterStart
@@ -171,11 +172,7 @@ class PyTorchJob:
         return "\n".join(f"--- pod {i}:\n{self.output(i)[-3000:]}" for i in range(self.pods))
 
     def await_output(self, pod: int, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output(pod):
-            assert time.monotonic() < deadline and self.processes[pod].poll() is None, \
-                f"pod {pod} did not say {text!r}:\n{self.output(pod)[-3000:]}"
-            time.sleep(0.1)
+        await_text(lambda: self.output(pod), text, lambda: self.processes[pod].poll() is None, f"pod {pod}", timeout)
 
     def wait(self, timeout: float = 180.0) -> list[int]:
         deadline = time.monotonic() + timeout
@@ -244,10 +241,7 @@ class Job:
         return self.text()[-6000:]
 
     def await_text(self, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.text():
-            assert time.monotonic() < deadline, f"job {self.id} did not say {text!r}:\n{self.tail()}"
-            time.sleep(0.1)
+        await_text(self.text, text, lambda: True, f"job {self.id}", timeout)
 
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
@@ -255,3 +249,12 @@ class Job:
             assert time.monotonic() < deadline, f"job {self.id} still {state[0]} after {timeout} s:\n{self.tail()}"
             time.sleep(0.2)
         return state[1]
+
+
+def await_text(read: Callable[[], str], text: str, running: Callable[[], bool], who: str, timeout: float) -> None:
+    """Until ``read()`` holds ``text``; fails, quoting what was read, after ``timeout`` s or once ``running()`` is
+    false."""
+    deadline = time.monotonic() + timeout
+    while text not in (said := read()):
+        assert time.monotonic() < deadline and running(), f"{who} did not say {text!r}:\n{said[-3000:]}"
+        time.sleep(0.1)

@@ -141,8 +141,9 @@ def interrupted(tmp_path: Path, sig: signal.Signals, to_group: bool, flags: list
     """``interrupt``, which also returns the command the last line says to continue with."""
     process = start_train(tmp_path, *flags, until="first_step" if gate else "step")
     os.killpg(process.pid, sig) if to_group else os.kill(process.pid, sig)
-    said = wait_for_stderr(process, f"{sig.name}: finishing the current update") if gate else ""
+    said = ""
     if gate:
+        said = wait_for_stderr(process, f"{sig.name}: finishing the current update")
         gate.touch()
     status, err, left, _ = finish(process, tmp_path)
     err = said + err
